@@ -1,0 +1,199 @@
+"""The speculative decoding loop: the one generator every task, the server and the benchmarks drive.
+
+One round:
+  1. the drafter proposes k tokens d_1..d_k (and the q rows they were sampled from, or None);
+  2. the target scores the tokens it has not cached plus the drafts in one forward: K + 1 rows of logits;
+  3. a pure rule (greedy or sampling) keeps n of the drafts and gives the fix or bonus token;
+  4. the text grows by n + 1 tokens and both caches roll back to the true text less its last token, which the
+     next round feeds first.
+With k = 0 (or a drafter that finds nothing) a round is exactly one step of plain decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Protocol, Sequence
+
+import torch
+
+from spec.common import CachedModel, sync_time
+from spec.drafters import Drafter
+from spec.rules import Sampling, accept_or_fix, greedy_rule, warp
+
+
+@dataclass
+class Round:
+    """What one round produced. `tokens` are the emitted ids (kept drafts, then the fix or bonus), already cut at
+    EOS or at max_new_tokens; `kept` counts drafts the rule accepted before that cut."""
+
+    tokens: list[int]
+    drafted: int
+    kept: int
+    draft_s: float
+    verify_s: float
+    total_s: float
+    prefill_s: float = 0.0  # only on the first round: the prompt's forward through target and drafter
+    finish: str | None = None  # "stop" (EOS), "length" (max_new_tokens), or None while generation goes on
+
+
+class KPolicy(Protocol):
+    """Chooses the number of drafts for the next round, and learns from the round it produced."""
+
+    def next_k(self) -> int: ...
+
+    def observe(self, rnd: Round) -> None: ...
+
+
+class FixedK:
+    def __init__(self, k: int):
+        if k < 0:
+            raise ValueError(f"K must be >= 0, got {k}")
+        self.k = k
+
+    def next_k(self) -> int:
+        return self.k
+
+    def observe(self, rnd: Round) -> None:
+        pass
+
+
+def speculate(
+    target: CachedModel,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    k: int | KPolicy = 4,
+    sampling: Sampling = Sampling(),
+    generator: torch.Generator | None = None,
+    eos: Iterable[int] = (),
+    timing: bool = True,
+) -> Iterator[Round]:
+    """Generate up to `max_new_tokens` tokens after `prompt`, one `Round` at a time.
+
+    The target's output distribution is preserved exactly: greedy runs equal plain greedy decoding token for token,
+    sampled runs follow the target's (warped) distribution. Generation stops after the first EOS id (which is
+    emitted) or at exactly `max_new_tokens`. The caches of `target` and `drafter` are reset first, so the same
+    objects can serve one request after another. `timing=False` skips the device syncs that per-phase times need.
+    """
+    policy = FixedK(k) if isinstance(k, int) else k
+    prompt = list(prompt)
+    if not prompt:
+        raise ValueError("the prompt is empty: speculation needs at least one token to continue from")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if len(prompt) + max_new_tokens > target.max_length:
+        raise ValueError(
+            f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's context of "
+            f"{target.max_length} tokens"
+        )
+    stop_ids = frozenset(eos)
+    device = target.device
+
+    def clock() -> float:
+        return sync_time(device) if timing else time.perf_counter()
+
+    # Prefill: both models see the prompt less its last token, which the first round feeds with the drafts.
+    target.reset()
+    drafter.rollback(0)
+    start = clock()
+    if len(prompt) > 1:
+        target.forward(prompt[:-1], keep=1)
+        drafter.prefill(prompt[:-1])
+    prefill_s = clock() - start
+
+    seq = prompt
+    emitted = 0
+    while True:
+        t0 = clock()
+        k_now = max(0, min(policy.next_k(), max_new_tokens - emitted - 1))
+        drafts, q = drafter.propose(seq, k_now, sampling, generator)  # [k'], [k', V] | None
+        t1 = clock()
+        fed = torch.cat([torch.as_tensor(seq[target.length :], dtype=torch.long, device=device), drafts])
+        logits = target.forward(fed, keep=len(drafts) + 1)  # [k'+1, V]
+        if sampling.greedy:
+            n_kept, nxt = greedy_rule(logits[None], drafts[None])
+        else:
+            p = warp(logits, sampling)
+            n_kept, nxt = accept_or_fix(p[None], None if q is None else q[None], drafts[None], generator)
+        n, fix, *draft_ids = torch.cat([n_kept, nxt, drafts]).tolist()  # the round's one device -> host sync
+        t2 = clock()
+
+        new = draft_ids[:n] + [fix]
+        finish = None
+        for i, token in enumerate(new):
+            if token in stop_ids:
+                new, finish = new[: i + 1], "stop"
+                break
+        if finish is None and emitted + len(new) >= max_new_tokens:
+            new, finish = new[: max_new_tokens - emitted], "length"
+        seq = seq + new
+        emitted += len(new)
+        if finish is None:
+            target.rollback(len(seq) - 1)
+            drafter.rollback(len(seq) - 1)
+        rnd = Round(new, len(draft_ids), n, t1 - t0, t2 - t1, clock() - t0, prefill_s, finish)
+        prefill_s = 0.0
+        policy.observe(rnd)
+        yield rnd
+        if finish:
+            return
+
+
+@dataclass
+class Result:
+    """A whole generation, drained from `speculate`."""
+
+    tokens: list[int]
+    rounds: list[Round] = field(default_factory=list)
+
+    @property
+    def finish(self) -> str | None:
+        return self.rounds[-1].finish if self.rounds else None
+
+    @property
+    def drafted(self) -> int:
+        return sum(r.drafted for r in self.rounds)
+
+    @property
+    def kept(self) -> int:
+        return sum(r.kept for r in self.rounds)
+
+    @property
+    def alpha(self) -> float:
+        """Acceptance rate alpha-hat: drafts kept / drafts proposed (NaN when nothing was drafted)."""
+        return self.kept / self.drafted if self.drafted else float("nan")
+
+    @property
+    def tokens_per_round(self) -> float:
+        return len(self.tokens) / len(self.rounds) if self.rounds else float("nan")
+
+    @property
+    def prefill_s(self) -> float:
+        return self.rounds[0].prefill_s if self.rounds else 0.0
+
+    @property
+    def decode_s(self) -> float:
+        return sum(r.total_s for r in self.rounds)
+
+    @property
+    def tok_s(self) -> float:
+        """Decode throughput: generated tokens / time in rounds (prefill excluded)."""
+        return len(self.tokens) / self.decode_s if self.decode_s > 0 else float("nan")
+
+    def summary(self) -> dict:
+        return {
+            "tokens": len(self.tokens), "rounds": len(self.rounds), "drafted": self.drafted, "kept": self.kept,
+            "alpha": self.alpha, "tokens_per_round": self.tokens_per_round, "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s, "tok_s": self.tok_s, "finish": self.finish,
+            "draft_s": sum(r.draft_s for r in self.rounds), "verify_s": sum(r.verify_s for r in self.rounds),
+        }
+
+
+def generate(*args, **kwargs) -> Result:
+    """Run `speculate` to the end and collect its rounds."""
+    result = Result([])
+    for rnd in speculate(*args, **kwargs):
+        result.tokens.extend(rnd.tokens)
+        result.rounds.append(rnd)
+    return result
