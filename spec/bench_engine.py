@@ -1,0 +1,284 @@
+"""Engine benchmark: transformers' generate vs our eager backend vs our graph backend, in one run.
+
+Measures, on one cached context (default 512 tokens), batch 1:
+  - plain greedy decode tok/s: transformers' `generate`, our loop on the eager backend, our loop on the graph backend;
+  - ms per forward over n = 1..64 new tokens, target and draft, per backend (the cache rolled back after each call);
+  - the draft cost ratio c = draft step / target step, and verify(8 tokens) / verify(1 token);
+  - the round overhead at K: 1 - (K draft steps + one K+1 verify) / measured round time (graph backend);
+  - the memory roofline: the target's weight bytes over a measured device-to-device copy bandwidth;
+  - with `--parts exactness`: greedy identity of plain / speculative decoding across backends, the first divergence,
+    its top-2 logit gap, and the logit error between shapes (1-token step vs K+1 verify, graph vs eager).
+
+    python -m spec.bench_engine --pair llama-random --device cuda
+    python -m spec.bench_engine --pair llama-random --device cuda --dtype float32 --parts exactness
+    python -m spec.bench_engine --pair tiny --device cpu --backends eager,static   (a smoke run without a GPU)
+
+Writes results/bench_engine-<time>.json and a PNG of the per-step costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+from spec import log
+from spec.cli import add_model_args, load_from_args, save_json, table
+from spec.common import CachedModel, ModelError, sync_time
+from spec.drafters import ModelDrafter, NoDrafter
+from spec.graph import GraphModel, make_model
+from spec.loop import generate
+
+BARS = {"graph_plain_tok_s": (">=", 215.0), "c_graph": ("<=", 0.20), "verify_ratio_8_over_1": ("<=", 1.15),
+        "round_overhead_k4": ("<=", 0.10)}
+
+
+def copy_bandwidth(device: torch.device, gib: float = 2.0, reps: int = 10) -> float:
+    """Device memory bandwidth in bytes/s from a large copy (bytes read + bytes written)."""
+    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start = sync_time(device)
+    for _ in range(reps):
+        dst.copy_(src)
+    seconds = sync_time(device) - start
+    return 2 * src.numel() * reps / seconds
+
+
+def step_ms(model, context: torch.Tensor, n: int, reps: int, vocab: int) -> float:
+    """Median over 3 batches of the mean time of `reps` back-to-back forwards of n tokens on `context`."""
+    gen = torch.Generator().manual_seed(n)
+    model.reset()
+    model.forward(context, keep=1)
+    ids = torch.randint(0, vocab, (n,), generator=gen).to(model.device)
+    for _ in range(2):  # warm-up: graph capture, compilation, allocator
+        model.forward(ids)
+        model.rollback(len(context))
+    batches = []
+    for _ in range(3):
+        start = sync_time(model.device)
+        for _ in range(reps):
+            model.forward(ids)
+            model.rollback(len(context))
+        batches.append((sync_time(model.device) - start) / reps * 1e3)
+    return statistics.median(batches)
+
+
+def decode_tok_s(model, drafter, prompt: list[int], tokens: int, k: int) -> dict:
+    """Our loop, greedy, no per-phase syncs; the second of two runs (the first captures every shape it meets)."""
+    for _ in range(2):
+        result = generate(model, drafter, prompt, tokens, k=k, timing=False)
+    rounds = len(result.rounds)
+    return {"tok_s": result.tok_s, "rounds": rounds, "round_ms": result.decode_s / rounds * 1e3,
+            "alpha": result.alpha, "tokens": result.tokens}
+
+
+def hf_generate_tok_s(hf_model, prompt: list[int], tokens: int) -> float:
+    """transformers' own greedy `generate` (eager, its default cache): decode tok/s, its prefill subtracted."""
+    ids = torch.tensor([prompt], device=hf_model.device)
+    kwargs = dict(do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0)
+
+    def run(n: int) -> float:
+        start = sync_time(hf_model.device)
+        hf_model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kwargs)
+        return sync_time(hf_model.device) - start
+
+    run(2)
+    return (tokens - 1) / (run(tokens) - run(1))
+
+
+def top2_gap(logits: torch.Tensor) -> float:
+    top = logits.float().topk(2).values
+    return float(top[0] - top[1])
+
+
+def exactness(pair, graph_t: GraphModel, graph_d: GraphModel, prompt: list[int], tokens: int, k: int) -> dict:
+    """Greedy identity across backends, and the logit errors that decide whether a divergence is a near-tie."""
+    runs = {
+        "eager_plain": generate(pair.target, NoDrafter(pair.device), prompt, tokens, k=0, timing=False).tokens,
+        "eager_spec": generate(pair.target, ModelDrafter(pair.draft), prompt, tokens, k=k, timing=False).tokens,
+        "graph_plain": generate(graph_t, NoDrafter(pair.device), prompt, tokens, k=0, timing=False).tokens,
+        "graph_spec": generate(graph_t, ModelDrafter(graph_d), prompt, tokens, k=k, timing=False).tokens,
+    }
+    ref = runs["eager_plain"]
+    out: dict = {"k": k, "tokens": tokens, "runs": {}}
+    for name, seq in runs.items():
+        first = next((i for i, (a, b) in enumerate(zip(ref, seq)) if a != b), None)
+        row = {"equal_to_eager_plain": seq == ref, "first_divergence": first}
+        if first is not None:
+            # The eager target's own logits at that step: how close to a tie was the choice?
+            pair.target.reset()
+            row["gap_at_divergence"] = top2_gap(pair.target.forward(prompt + ref[:first], keep=1)[-1])
+        out["runs"][name] = row
+    # Logit error between shapes, over the first positions of the eager answer: eager full forward (reference),
+    # graph 1-token steps, graph (k+1)-token verifies.
+    text = prompt + ref
+    start, span = len(prompt), min(len(ref), 4 * (k + 1))
+    pair.target.reset()
+    reference = pair.target.forward(text[: start + span], keep=span)  # [span, V]
+    graph_t.reset()
+    graph_t.forward(text[:start])
+    singles = torch.cat([graph_t.forward(text[start + i : start + i + 1]) for i in range(span)])
+    graph_t.rollback(start)
+    verifies = torch.cat([graph_t.forward(text[start + i : start + i + k + 1]) for i in range(0, span, k + 1)])[:span]
+    out["logit_error"] = {
+        "graph_step_vs_eager": float((singles - reference).abs().max()),
+        "graph_verify_vs_eager": float((verifies - reference).abs().max()),
+        "graph_step_vs_graph_verify": float((singles - verifies).abs().max()),
+        "positions": span,
+    }
+    out["min_top2_gap"] = min(top2_gap(row) for row in reference)
+    return out
+
+
+def plot(data: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for backend, models in data["steps_ms"].items():
+        for role, rows in models.items():
+            ns = sorted(int(n) for n in rows)
+            ax.plot(ns, [rows[str(n)] for n in ns], marker="o", label=f"{role} {backend}")
+    for role, ms in data["roofline_ms"].items():
+        ax.axhline(ms, linestyle="--", linewidth=1, color="gray")
+        ax.text(1, ms, f" {role} roofline", va="bottom", fontsize=8, color="gray")
+    ax.set(xscale="log", yscale="log", xlabel="new tokens per forward", ylabel="ms per forward",
+           title=f"{data['device_name']}, {data['dtype']}, context {data['context']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m spec.bench_engine", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(parser)
+    g = parser.add_argument_group("benchmark")
+    g.add_argument("--context", type=int, default=512, help="cached context in tokens (default 512)")
+    g.add_argument("--tokens", type=int, default=128, help="tokens generated per decode run (default 128)")
+    g.add_argument("--ns", default="1,2,4,5,8,9,16,32,64", help="new-token counts to time (default 1,2,4,5,8,9,16,32,64)")
+    g.add_argument("--reps", type=int, default=20, help="forwards per timed batch (default 20)")
+    g.add_argument("--k", type=int, default=4, help="drafts per round for the round overhead (default 4)")
+    g.add_argument("--backends", default="eager,graph",
+                   help="comma-separated: eager, graph (compiled), graph-nocompile, static (the graph backend's "
+                        "static cache without graphs or compilation; runs on a CPU) (default eager,graph)")
+    g.add_argument("--parts", default="speed,exactness", help="speed and/or exactness (default both)")
+    g.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
+    args = parser.parse_args(argv)
+    try:
+        ns = sorted({int(n) for n in args.ns.split(",")})
+    except ValueError:
+        sys.exit(f"error: --ns must be comma-separated integers, got {args.ns!r}")
+    backends = args.backends.split(",")
+    parts = args.parts.split(",")
+    unknown = set(backends) - {"eager", "graph", "graph-nocompile", "static"} | set(parts) - {"speed", "exactness"}
+    if unknown or min(ns) < 1 or args.context < 2 or args.tokens < 2:
+        sys.exit(f"error: bad options {sorted(unknown) or ''}: see --help")
+
+    pair = load_from_args(args)
+    if pair.draft is None or pair.draft_tokenizer is not None:
+        sys.exit("error: the benchmark needs a same-family draft model")
+    max_length = args.context + max(args.tokens, max(ns), 64) + args.k + 8
+    models: dict[str, dict[str, object]] = {"eager": {"target": pair.target, "draft": pair.draft}}
+    try:
+        for backend in backends:
+            roles = (("target", pair.target), ("draft", pair.draft))
+            if backend.startswith("graph"):
+                models[backend] = {role: make_model(m.model, m.vocab, "graph", role, max_length,
+                                                    compile=backend == "graph") for role, m in roles}
+            elif backend == "static":
+                models[backend] = {role: GraphModel(m.model, m.vocab, role, max_length, graphs=False)
+                                   for role, m in roles}
+    except ModelError as err:
+        sys.exit(f"error: {err}")
+    models = {b: models[b] for b in backends}
+    gen = torch.Generator().manual_seed(0)
+    vocab = pair.target.vocab
+    prompt = torch.randint(0, vocab, (args.context,), generator=gen).tolist()
+    context = torch.tensor(prompt, device=pair.device)
+
+    data: dict = {
+        "device_name": torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else str(pair.device),
+        "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+        "pair": pair.name, "dtype": str(pair.dtype).removeprefix("torch."), "context": args.context,
+        "tokens": args.tokens, "k": args.k, "backends": backends,
+        "command": "python -m spec.bench_engine " + " ".join(sys.argv[1:] if argv is None else argv),
+    }
+    if "speed" in parts:
+        bw = copy_bandwidth(pair.device) if pair.device.type == "cuda" else float("nan")
+        weights = {role: getattr(pair, role).weight_bytes() for role in ("target", "draft")}
+        data.update(bandwidth_gb_s=bw / 1e9, weight_bytes=weights, roofline_tok_s=bw / weights["target"],
+                    roofline_ms={role: b / bw * 1e3 for role, b in weights.items()})
+        data["steps_ms"] = {}
+        total = len(models) * 2 * len(ns)
+        with log.bar(total=total, desc="ms per forward") as bar:
+            for backend, pair_models in models.items():
+                data["steps_ms"][backend] = {}
+                for role, model in pair_models.items():
+                    rows = {}
+                    for n in ns:
+                        rows[str(n)] = step_ms(model, context[:-1], n, args.reps, vocab)
+                        bar.update()
+                    data["steps_ms"][backend][role] = rows
+        for backend, pair_models in models.items():
+            steps = data["steps_ms"][backend]
+            if "1" in steps["target"]:
+                data[f"c_{backend}"] = steps["draft"]["1"] / steps["target"]["1"]
+            if "8" in steps["target"] and "1" in steps["target"]:
+                data[f"verify_ratio_8_over_1_{backend}"] = steps["target"]["8"] / steps["target"]["1"]
+            log.info(f"decode runs, {backend} backend")
+            plain = decode_tok_s(pair_models["target"], NoDrafter(pair.device), prompt, args.tokens, 0)
+            spec = decode_tok_s(pair_models["target"], ModelDrafter(pair_models["draft"]), prompt, args.tokens,
+                                args.k)
+            data[f"{backend}_plain_tok_s"] = plain["tok_s"]
+            data[f"{backend}_spec_k{args.k}"] = {key: v for key, v in spec.items() if key != "tokens"}
+            kernel = args.k * steps["draft"].get("1", float("nan")) + steps["target"].get(str(args.k + 1),
+                                                                                            float("nan"))
+            data[f"{backend}_round_overhead_k{args.k}"] = 1 - kernel / spec["round_ms"]
+        if "graph" in models:
+            data["verify_ratio_8_over_1"] = data.get("verify_ratio_8_over_1_graph", float("nan"))
+            data[f"round_overhead_k{args.k}"] = data[f"graph_round_overhead_k{args.k}"]
+        if not args.no_hf:
+            log.info("transformers generate")
+            data["hf_generate_tok_s"] = hf_generate_tok_s(pair.target.model, prompt, min(args.tokens, 64))
+        data["bars"] = {key: {"value": data.get(key), "bar": f"{op} {limit}",
+                              "pass": (data.get(key, float("nan")) >= limit) if op == ">=" else
+                                      (data.get(key, float("nan")) <= limit)}
+                        for key, (op, limit) in BARS.items() if key in data}
+    if "exactness" in parts:
+        graph = models.get("graph") or models.get("graph-nocompile") or models.get("static")
+        if graph is None:
+            sys.exit("error: --parts exactness needs a graph backend in --backends")
+        log.info("exactness")
+        data["exactness"] = exactness(pair, graph["target"], graph["draft"], prompt[:64], 64, args.k)
+
+    path = save_json("bench_engine", data)
+    if "steps_ms" in data:
+        plot(data, path.with_suffix(".png"))
+        rows = [{"backend": b, "role": r, **{f"n={n}": v for n, v in data["steps_ms"][b][r].items()}}
+                for b in data["steps_ms"] for r in data["steps_ms"][b]]
+        print(table(rows, [("backend", "s"), ("role", "s"), *((f"n={n}", ".2f") for n in ns)]))
+        summary = [{"metric": key, "value": data[key]} for key in (
+            "hf_generate_tok_s", *(f"{b}_plain_tok_s" for b in backends), "roofline_tok_s", "c_graph",
+            "verify_ratio_8_over_1", f"round_overhead_k{args.k}", "bandwidth_gb_s") if key in data]
+        print()
+        print(table(summary, [("metric", "s"), ("value", ".3f")]))
+        for key, bar in data["bars"].items():
+            print(f"bar {key} {bar['bar']}: {bar['value']:.3f} {'PASS' if bar['pass'] else 'MISS'}")
+    if "exactness" in data:
+        ex = data["exactness"]
+        print()
+        print(table([{"run": name, **row} for name, row in ex["runs"].items()],
+                    [("run", "s"), ("equal_to_eager_plain", "s"), ("first_divergence", "d"), ("gap_at_divergence", ".4f")]))
+        print("logit error:", ", ".join(f"{key} {v:.4g}" for key, v in ex["logit_error"].items()))
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""The `graph` backend: a static KV cache and CUDA graphs behind `CachedModel`'s interface.
+
+On a fast GPU an eager decode step is mostly launch and Python overhead (shared FACTS.md: 21–36 ms per eager 8B
+step on an H200 against a 3.75 ms memory roofline). `GraphModel` removes that overhead:
+
+- the KV cache is one tensor per layer and per K/V, allocated once for `max_length` positions; the cached text
+  is `length` positions long and `rollback(length)` only moves that number (stale entries after it are masked out
+  and overwritten by the next forward);
+- a forward over n <= `MAX_GRAPH_TOKENS` tokens replays a CUDA graph captured lazily for (n, span), where span is
+  the cache prefix attention reads (`SPAN_STEP` granularity), so attention costs grow with the text, not with
+  `max_length`; longer forwards (the prompt) run the same code without a graph;
+- the layer stack is optionally `torch.compile`d (fused norms, rope and activations) with the token count and span
+  as dynamic sizes: two compilations per model (n = 1 and n >= 2), not one per shape;
+- nothing in `forward` waits for the device: ids go in by asynchronous copies, the position by a fill kernel.
+
+The layer stack is a compact re-statement of the transformers Llama/Qwen2 decoder that runs on the transformers
+model's own modules and weights: norms, activation, embedding, head and rotary tables are the model's; q/k/v and
+gate/up projections are fused into one matrix each, and the model's own parameters are re-pointed at slices of the
+fused matrix, so no weight is stored twice and the transformers model keeps working unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from spec import log
+from spec.common import CachedModel, ModelError
+
+MAX_GRAPH_TOKENS = 64  # forwards up to this many tokens are graphed; drafting and verifying stay far below
+SPAN_STEP = 256  # attention reads the cache in multiples of this many positions
+DEFAULT_MAX_LENGTH = 4096  # the static cache's size when the caller names none
+SUPPORTED = ("llama", "qwen2")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # position-independent tables; dynamic ones need the text
+
+
+def unsupported_reason(model) -> str | None:
+    """Why the fast path cannot run this transformers model, or None if it can."""
+    config = model.config.get_text_config()
+    if config.model_type not in SUPPORTED:
+        return f"architecture {config.model_type!r} is not one of {', '.join(SUPPORTED)}"
+    if getattr(config, "use_sliding_window", False) or "sliding_attention" in (getattr(config, "layer_types", None)
+                                                                              or ()):
+        return "sliding-window attention is not implemented in the static cache"
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if rotary is None or getattr(rotary, "rope_type", "default") not in ROPE_TYPES:
+        return f"rope type {getattr(rotary, 'rope_type', None)!r} depends on the text length"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "tensor-parallel checkpoints (pretraining_tp > 1) are not supported"
+    return None
+
+
+def _fuse(linears: Sequence[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One [sum(out), in] weight (and bias) for several Linear layers on the same input; the layers' own
+    parameters become row slices of it, so the memory is not doubled and the layers still work."""
+    weight = torch.cat([lin.weight.data for lin in linears])
+    biases = [lin.bias for lin in linears]
+    bias = torch.cat([b.data for b in biases]) if all(b is not None for b in biases) else None
+    if bias is None and any(b is not None for b in biases):
+        raise ModelError("cannot fuse projections where only some have a bias")
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight.data = weight[start : start + rows]
+        if bias is not None:
+            lin.bias.data = bias[start : start + rows]
+        start += rows
+    return weight, bias
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class GraphModel:
+    """A Llama/Qwen2 transformers model over a static KV cache, with CUDA graphs per token count.
+
+    Same interface as `CachedModel`: `forward(ids, keep=None) -> fp32 logits [keep or n, vocab]`, `rollback`,
+    `reset`, `length`, `max_length`, `vocab`, `device`, `weight_bytes()`. `graphs=False` runs the same static-cache
+    code without graphs (the CPU path the tests check against the eager backend).
+    """
+
+    def __init__(self, model, vocab: int | None = None, name: str = "model", max_length: int | None = None,
+                 graphs: bool = True, compile: bool = False):
+        reason = unsupported_reason(model)
+        if reason:
+            raise ModelError(f"{name}: the graph backend cannot run this model: {reason}")
+        self.model = model.eval()
+        self.name = name
+        config = model.config.get_text_config()
+        self.vocab = vocab or config.vocab_size
+        self.device = model.device
+        self.max_length = min(max_length or DEFAULT_MAX_LENGTH, config.max_position_embeddings)
+        if self.max_length < 1:
+            raise ValueError(f"max_length must be positive, got {max_length}")
+        self.graphs = graphs and self.device.type == "cuda"
+        if graphs and not self.graphs:
+            raise ModelError(f"{name}: CUDA graphs need a CUDA device (this model is on {self.device})")
+        self.length = 0
+
+        attn0 = model.model.layers[0].self_attn
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = attn0.head_dim
+        self.scaling = attn0.scaling
+        self.intermediate = config.intermediate_size
+        dtype = model.model.embed_tokens.weight.dtype
+        capacity = -(-self.max_length // SPAN_STEP) * SPAN_STEP  # the last span may overhang max_length
+        with torch.no_grad():
+            self.layers = []
+            for layer in model.model.layers:
+                a, m = layer.self_attn, layer.mlp
+                qkv = _fuse([a.q_proj, a.k_proj, a.v_proj])
+                gate_up = _fuse([m.gate_proj, m.up_proj])
+                self.layers.append((layer.input_layernorm, qkv, a.o_proj, layer.post_attention_layernorm, gate_up,
+                                    m.act_fn, m.down_proj))
+            shape = (self.kv_heads, capacity, self.head_dim)
+            self.k_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.layers]
+            self.v_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.layers]
+            # The model's own rotary module gives the cos/sin rows for every position; its values are elementwise
+            # in the position, so a table is bit-identical to computing them per step.
+            positions = torch.arange(capacity, device=self.device)[None]
+            cos, sin = model.model.rotary_emb(torch.zeros((), dtype=dtype, device=self.device), positions)
+            self.cos, self.sin = cos[0], sin[0]  # [capacity, head_dim]
+            self.pos = torch.zeros((), dtype=torch.long, device=self.device)  # the write position, on the device
+        self.spans: dict[int, torch.Tensor] = {}  # span -> arange(span): the cache positions attention reads
+        self.body = torch.compile(self._body, fullgraph=True) if compile else self._body
+        self.compiled = compile
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+
+    # ---- the layer stack -----------------------------------------------------------------------------------
+
+    def _body(self, ids: torch.Tensor, pos: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
+        """Run `ids` [n] at positions pos..pos+n-1, writing their K/V into the cache; return the final-normed
+        hidden states [n, hidden]. `span` [B] = arange(B): attention reads cache positions < B (B >= pos + n)."""
+        n = ids.shape[0]
+        b = span.shape[0]
+        groups = self.heads // self.kv_heads
+        q_pos = pos + torch.arange(n, device=ids.device)  # [n]
+        cos, sin = self.cos[q_pos][:, None], self.sin[q_pos][:, None]  # [n, 1, D]
+        # Query heads that share a K/V head are folded into extra query rows ([kv, groups * n, D]), so attention
+        # reads each cached K/V once instead of repeating it per query head. Row g*n + i is token i.
+        allowed = (span[None, :] <= q_pos[:, None]).repeat(groups, 1)[None, None]  # [1, 1, groups*n, B]
+        h = self.model.model.embed_tokens(ids)  # [n, hidden]
+        for i, (norm1, (w_qkv, b_qkv), o_proj, norm2, (w_gu, b_gu), act, down) in enumerate(self.layers):
+            x = norm1(h)
+            qkv = F.linear(x, w_qkv, b_qkv)
+            q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                                 self.kv_heads * self.head_dim], dim=-1)
+            q = q.view(n, self.heads, self.head_dim)
+            k = k.view(n, self.kv_heads, self.head_dim)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            self.k_cache[i][:, q_pos] = k.transpose(0, 1)
+            self.v_cache[i][:, q_pos] = v.view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+            q = q.view(n, self.kv_heads, groups, self.head_dim).permute(1, 2, 0, 3).reshape(
+                1, self.kv_heads, groups * n, self.head_dim)
+            out = F.scaled_dot_product_attention(q, self.k_cache[i][None, :, :b], self.v_cache[i][None, :, :b],
+                                                 attn_mask=allowed, scale=self.scaling)  # [1, kv, groups*n, D]
+            out = out.view(self.kv_heads, groups, n, self.head_dim).permute(2, 0, 1, 3).reshape(n, -1)
+            h = h + o_proj(out)
+            x = norm2(h)
+            gate, up = F.linear(x, w_gu, b_gu).split(self.intermediate, dim=-1)
+            h = h + down(act(gate) * up)
+        return self.model.model.norm(h)
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] -> fp32 logits [n, vocab], rounded like the eager backend (head in the model's dtype)."""
+        return self.model.lm_head(hidden)[:, : self.vocab].float()
+
+    def _span(self, end: int) -> torch.Tensor:
+        span = min(-(-end // SPAN_STEP) * SPAN_STEP, self.k_cache[0].shape[1])
+        if span not in self.spans:
+            self.spans[span] = torch.arange(span, device=self.device)
+            if self.compiled:
+                torch._dynamo.mark_dynamic(self.spans[span], 0)
+        return self.spans[span]
+
+    def _run_body(self, ids: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
+        if self.compiled and ids.shape[0] > 1:
+            # One compilation for every n >= 2; n = 1 (a draft step) gets its own, specialised one.
+            torch._dynamo.mark_dynamic(ids, 0, min=2, max=self.k_cache[0].shape[1])
+        return self.body(ids, self.pos, span)
+
+    def _graph(self, n: int, span: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        """The graph for n tokens over `span`, captured on first use (after warm-up runs on a side stream, which
+        write the same cache positions the real replay is about to write, so they change nothing)."""
+        key = (n, span.shape[0])
+        if key not in self._graphs:
+            ids = torch.zeros(n, dtype=torch.long, device=self.device)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._head(self._run_body(ids, span))
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                logits = self._head(self._run_body(ids, span))
+            self._graphs[key] = (graph, ids, logits)
+        return self._graphs[key]
+
+    # ---- CachedModel's interface ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def forward(self, ids: Sequence[int] | torch.Tensor, keep: int | None = None) -> torch.Tensor:
+        """Append `ids` [n] to the cached text; fp32 logits of the last `keep` (default all n) positions."""
+        if not isinstance(ids, torch.Tensor):
+            # non_blocking from pageable memory is staged at once and never waits for the device.
+            ids = torch.tensor(list(ids), dtype=torch.long).to(self.device, non_blocking=True)
+        ids = ids.to(device=self.device, dtype=torch.long).view(-1)
+        n = ids.shape[0]
+        keep = keep or n
+        if n == 0:
+            raise ValueError("forward needs at least one new token")
+        if self.length + n > self.max_length:
+            raise ValueError(f"{self.name}: {self.length + n} positions exceed the static cache of "
+                             f"{self.max_length} (pass a larger max_length)")
+        span = self._span(self.length + n)
+        self.pos.fill_(self.length)
+        if self.graphs and n <= MAX_GRAPH_TOKENS:
+            graph, static_ids, logits = self._graph(n, span)
+            static_ids.copy_(ids)
+            graph.replay()
+            out = logits[n - keep :].clone()  # the next replay overwrites `logits`
+        else:
+            out = self._head(self._run_body(ids, span)[n - keep :])
+        self.length += n
+        return out
+
+    def rollback(self, length: int) -> None:
+        if length < 0 or length > self.length:
+            raise ValueError(f"cannot roll a cache of {self.length} positions back to {length}")
+        self.length = length
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def weight_bytes(self) -> int:
+        """Bytes one decode step must read: every parameter once (tied embeddings counted once)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+
+def make_model(model, vocab: int | None, backend: str, name: str, max_length: int | None = None,
+               compile: bool = True):
+    """Wrap a transformers model for the loop: `eager` -> CachedModel, `graph` -> GraphModel (CUDA, Llama/Qwen2),
+    `auto` -> graph where it can run, else eager with the reason logged. `compile` applies to the graph backend."""
+    if backend == "eager":
+        return CachedModel(model, vocab, name=name)
+    if backend not in ("graph", "auto"):
+        raise ModelError(f"unknown backend {backend!r}; choose eager, graph or auto")
+    reason = unsupported_reason(model)
+    if reason is None and model.device.type != "cuda":
+        reason = f"it needs a CUDA device (the model is on {model.device})"
+    if reason is None:
+        return GraphModel(model, vocab, name=name, max_length=max_length, compile=compile)
+    if backend == "graph":
+        raise ModelError(f"{name}: --backend graph cannot run: {reason}")
+    log.info(f"{name}: backend auto -> eager, because {reason}")
+    return CachedModel(model, vocab, name=name)

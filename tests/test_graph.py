@@ -1,0 +1,193 @@
+"""The graph backend: static-cache rollback logic on the CPU (graphs off), CUDA graphs and exactness on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy import stats
+
+from spec.common import CachedModel, ModelError, load_pair
+from spec.drafters import ModelDrafter, NoDrafter
+from spec.graph import SPAN_STEP, GraphModel, make_model, unsupported_reason
+from spec.loop import generate
+from spec.rules import Sampling, warp
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair("tiny", device="cpu")
+
+
+def random_walk(a, b, steps: int, seed: int, max_new: int = 9) -> float:
+    """Drive two models through the same forwards and rollbacks; the largest logit difference seen."""
+    gen = torch.Generator().manual_seed(seed)
+    worst = 0.0
+    for _ in range(steps):
+        n = int(torch.randint(1, max_new + 1, (), generator=gen))
+        ids = torch.randint(0, a.vocab, (n,), generator=gen)
+        worst = max(worst, float((a.forward(ids) - b.forward(ids.to(b.device)).cpu()).abs().max()))
+        back = int(torch.randint(max(1, a.length - n - 2), a.length + 1, (), generator=gen))
+        a.rollback(back)
+        b.rollback(back)
+        assert a.length == b.length == back
+    return worst
+
+
+def test_static_cache_matches_eager_after_rollbacks(pair):
+    eager = CachedModel(pair.target.model, pair.target.vocab)
+    static = GraphModel(pair.target.model, pair.target.vocab, max_length=2 * SPAN_STEP + 40, graphs=False)
+    prompt = torch.randint(0, pair.target.vocab, (SPAN_STEP - 10,), generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(eager.forward(prompt), static.forward(prompt), atol=1e-4, rtol=1e-5)
+    # Enough steps to cross a span boundary (attention then reads a longer cache prefix).
+    assert random_walk(eager, static, 120, seed=2) < 1e-4
+    assert static.length > SPAN_STEP
+    static.reset()
+    eager.reset()
+    assert static.length == 0
+    assert torch.allclose(eager.forward(prompt[:7], keep=2), static.forward(prompt[:7], keep=2), atol=1e-4)
+
+
+def test_stale_entries_after_rollback_are_invisible(pair):
+    static = GraphModel(pair.target.model, pair.target.vocab, max_length=64, graphs=False)
+    base = [5, 6, 7, 8]
+    static.forward(base + [9, 10, 11])
+    static.rollback(len(base))
+    after_rollback = static.forward([12])
+    static.reset()
+    static.forward(base)
+    fresh = static.forward([12])
+    assert torch.equal(after_rollback, fresh)
+
+
+def test_bounds_and_errors(pair):
+    static = GraphModel(pair.target.model, pair.target.vocab, max_length=16, graphs=False)
+    assert static.max_length == 16
+    with pytest.raises(ValueError, match="at least one"):
+        static.forward([])
+    with pytest.raises(ValueError, match="exceed the static cache"):
+        static.forward(list(range(17)))
+    static.forward(list(range(10)))
+    with pytest.raises(ValueError, match="roll"):
+        static.rollback(11)
+    assert static.length == 10
+    with pytest.raises(ModelError, match="CUDA"):
+        GraphModel(pair.target.model, pair.target.vocab, graphs=True)
+    assert static.weight_bytes() == pair.target.weight_bytes()
+
+
+def test_fused_weights_share_storage(pair):
+    """Fusing q/k/v and gate/up must not copy weights nor change what the transformers model computes."""
+    model = pair.draft.model
+    eager = CachedModel(model, pair.draft.vocab)
+    before = eager.forward(list(range(20)))
+    GraphModel(model, pair.draft.vocab, max_length=64, graphs=False)
+    eager.reset()
+    assert torch.equal(before, eager.forward(list(range(20))))
+    attn = model.model.layers[0].self_attn
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.v_proj.weight.untyped_storage().data_ptr()
+
+
+def test_greedy_identity_with_static_backend(pair):
+    target = GraphModel(pair.target.model, pair.target.vocab, name="target", max_length=256, graphs=False)
+    draft = GraphModel(pair.draft.model, pair.draft.vocab, name="draft", max_length=256, graphs=False)
+    prompt = list(range(40, 60))
+    plain = generate(pair.target, NoDrafter(), prompt, 40, k=0).tokens
+    static_plain = generate(target, NoDrafter(), prompt, 40, k=0).tokens
+    result = generate(target, ModelDrafter(draft), prompt, 40, k=4)
+    assert static_plain == plain
+    assert result.tokens == plain
+    assert 0 < result.alpha < 1  # both the accept and the reject paths ran
+
+
+def test_qwen2_architecture_matches_transformers():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    assert model.model.layers[0].self_attn.q_proj.bias is not None  # the biases path is exercised
+    assert unsupported_reason(model) is None
+    eager = CachedModel(model)
+    static = GraphModel(model, max_length=128, graphs=False)
+    assert random_walk(eager, static, 30, seed=3) < 1e-4
+
+
+def test_make_model_backends(pair, caplog):
+    model = pair.target.model
+    assert isinstance(make_model(model, pair.target.vocab, "eager", "target"), CachedModel)
+    auto = make_model(model, pair.target.vocab, "auto", "target")
+    assert isinstance(auto, CachedModel) == (not torch.cuda.is_available())
+    with pytest.raises(ModelError, match="backend"):
+        make_model(model, pair.target.vocab, "fast", "target")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelError, match="CUDA"):
+            make_model(model, pair.target.vocab, "graph", "target")
+
+
+def test_unsupported_architecture_falls_back():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    assert "gpt2" in unsupported_reason(model)
+    assert isinstance(make_model(model, 50, "auto", "target"), CachedModel)
+    with pytest.raises(ModelError, match="gpt2"):
+        make_model(model, 50, "graph", "target")
+
+
+# ---- CUDA: graphs, compilation, exactness and the distribution ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cuda_pair():
+    return load_pair("tiny", device="cuda")
+
+
+@cuda
+@pytest.mark.parametrize("compile", [False, True])
+def test_graphs_match_eager_after_rollbacks(cuda_pair, compile):
+    eager = CachedModel(cuda_pair.target.model, cuda_pair.target.vocab)
+    graph = GraphModel(cuda_pair.target.model, cuda_pair.target.vocab, max_length=2 * SPAN_STEP + 40,
+                       compile=compile)
+    prompt = torch.randint(0, graph.vocab, (100,), generator=torch.Generator().manual_seed(4)).cuda()
+    assert torch.allclose(eager.forward(prompt), graph.forward(prompt), atol=1e-3)  # 100 > 64 tokens: the path without a graph
+    assert random_walk(eager, graph, 200, seed=5) < 1e-3
+    assert graph._graphs, "no CUDA graph was captured"
+
+
+@cuda
+def test_cuda_greedy_identity(cuda_pair):
+    target = make_model(cuda_pair.target.model, cuda_pair.target.vocab, "graph", "target", 512)
+    draft = make_model(cuda_pair.draft.model, cuda_pair.draft.vocab, "graph", "draft", 512)
+    prompt = list(range(40, 60))
+    plain = generate(cuda_pair.target, NoDrafter("cuda"), prompt, 60, k=0).tokens
+    assert generate(target, NoDrafter("cuda"), prompt, 60, k=0).tokens == plain
+    for k in (1, 4, 8):
+        result = generate(target, ModelDrafter(draft), prompt, 60, k=k)
+        assert result.tokens == plain
+        assert 0 < result.alpha < 1
+
+
+@cuda
+def test_cuda_sampling_distribution(cuda_pair):
+    """Chi-square: with speculation (K = 1) the first token follows the target's warped distribution p."""
+    target = make_model(cuda_pair.target.model, cuda_pair.target.vocab, "graph", "target", 128, compile=False)
+    draft = make_model(cuda_pair.draft.model, cuda_pair.draft.vocab, "graph", "draft", 128, compile=False)
+    sampling = Sampling(temperature=1.0)
+    prompt = [256, 10, 20, 30]
+    target.reset()
+    p = warp(target.forward(prompt)[-1], sampling).cpu().double()
+    generator = torch.Generator("cuda").manual_seed(0)
+    runs = 3000
+    counts = torch.zeros_like(p)
+    drafter = ModelDrafter(draft)
+    for _ in range(runs):
+        first = generate(target, drafter, prompt, 2, k=1, sampling=sampling, generator=generator).tokens[0]
+        counts[first] += 1
+    expected = p * runs
+    common = expected >= 5  # pool the rare tokens into one bin
+    observed = torch.cat([counts[common], counts[~common].sum()[None]])
+    wanted = torch.cat([expected[common], expected[~common].sum()[None]])
+    assert stats.chisquare(observed.numpy(), wanted.numpy() * observed.sum().item() / wanted.sum().item()).pvalue > 1e-3
