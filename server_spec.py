@@ -209,12 +209,22 @@ class Completion(BaseModel):
     speculation: SpecStats
 
 
+class ServedConfig(BaseModel):
+    """Extension: how this server speculates, so that a benchmark can label its rows."""
+
+    method: str
+    k: str
+    dtype: str
+    device: str
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "spark-spec"
     max_model_len: int
+    speculation: ServedConfig
 
 
 class ModelList(BaseModel):
@@ -736,7 +746,9 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
     @app.get("/v1/models", response_model=ModelList, responses=ERRORS)
     async def models():
         pair = need_ready()
-        card = ModelCard(id=model_name, created=created, max_model_len=pair.target.max_length)
+        served = ServedConfig(method=engine.method, k=str(engine.k) if isinstance(engine.k, int) else "auto",
+                              dtype=str(pair.dtype).removeprefix("torch."), device=str(pair.device))
+        card = ModelCard(id=model_name, created=created, max_model_len=pair.target.max_length, speculation=served)
         return ModelList(data=[card])
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=ERRORS)
