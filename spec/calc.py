@@ -1,0 +1,103 @@
+"""The speedup model of speculative decoding (Leviathan et al., 2023), and `python -m spec.calc` to print it.
+
+Units are target steps: one plain decoding step of the target costs 1. With K drafts per round,
+
+- each draft step costs c (c = one draft step / one target step),
+- verifying K + 1 tokens in one target forward costs v(K) (the verify factor; the paper assumes v = 1),
+- if each draft is accepted independently with probability alpha, a round emits
+  E[tokens] = 1 + alpha + ... + alpha^K = (1 - alpha^(K+1)) / (1 - alpha) tokens,
+
+so the predicted speedup over plain decoding is E[tokens] / (K c + v(K)), which is the paper's
+(1 - alpha^(K+1)) / ((1 - alpha)(1 + K c)) when v = 1. K = 0 is plain decoding: exactly 1x.
+
+Example: alpha 0.7, c 0.1 -> K = 4 emits 2.77 tokens per round at a cost of 1.4 steps: 1.98x.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Mapping
+
+Verify = float | Mapping[int, float]  # one factor for every K >= 1, or one per K
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens one round emits on average: K + 1 when alpha = 1 (every draft kept, plus the bonus)."""
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if k < 0:
+        raise ValueError(f"K must be >= 0, got {k}")
+    if alpha == 1:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def verify_factor(verify: Verify, k: int) -> float:
+    """v(K) from one factor or a per-K mapping; v(0) = 1 by definition (a K = 0 round is a plain step)."""
+    if k == 0:
+        return 1.0
+    if isinstance(verify, Mapping):
+        if k not in verify:
+            raise ValueError(f"no verify factor measured for K = {k}")
+        return verify[k]
+    return verify
+
+
+def round_cost(k: int, c: float, verify: Verify = 1.0) -> float:
+    """Cost of one round in target steps: K draft steps and one verify of K + 1 tokens."""
+    return k * c + verify_factor(verify, k)
+
+
+def speedup(alpha: float, k: int, c: float, verify: Verify = 1.0) -> float:
+    """Predicted speedup over plain decoding of K drafts per round (1.0 at K = 0)."""
+    return expected_tokens(alpha, k) / round_cost(k, c, verify)
+
+
+def best_k(alpha: float, c: float, max_k: int, verify: Verify = 1.0, ks=None) -> tuple[int, float]:
+    """The K in 0..max_k (or in `ks`, plus 0) with the highest predicted speedup; ties go to the smaller K."""
+    candidates = sorted({0, *(ks if ks is not None else range(1, max_k + 1))})
+    best = (0, 1.0)
+    for k in candidates:
+        s = speedup(alpha, k, c, verify)
+        if s > best[1]:
+            best = (k, s)
+    return best
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m spec.calc",
+        description="Predicted speedup of speculative decoding for each K: E[tokens per round] / (K c + v), "
+        "with E[tokens per round] = (1 - alpha^(K+1)) / (1 - alpha) (Leviathan et al., 2023).",
+    )
+    parser.add_argument("--alpha", type=float, required=True,
+                        help="probability that the target accepts a draft token (0..1); python -m spec.sweep measures it")
+    parser.add_argument("--c", type=float, required=True,
+                        help="cost of one draft step divided by one target step (e.g. 0.1)")
+    parser.add_argument("--verify-factor", type=float, default=1.0,
+                        help="cost of verifying K+1 tokens in one target forward, in target steps (default 1)")
+    parser.add_argument("--max-k", type=int, default=16, help="largest K to tabulate (default 16)")
+    args = parser.parse_args(argv)
+    if not 0 <= args.alpha <= 1:
+        parser.error(f"--alpha must be in [0, 1], got {args.alpha}")
+    if args.c < 0:
+        parser.error(f"--c must be >= 0, got {args.c}")
+    if args.verify_factor <= 0:
+        parser.error(f"--verify-factor must be > 0, got {args.verify_factor}")
+    if args.max_k < 1:
+        parser.error(f"--max-k must be >= 1, got {args.max_k}")
+
+    from spec.cli import table  # here, not at the top: spec.cli imports torch, which the formulas never need
+
+    rows = [
+        {"K": k, "tokens/round": expected_tokens(args.alpha, k), "cost (steps)": round_cost(k, args.c, args.verify_factor),
+         "speedup": speedup(args.alpha, k, args.c, args.verify_factor)}
+        for k in range(args.max_k + 1)
+    ]
+    print(table(rows, [("K", "d"), ("tokens/round", ".3f"), ("cost (steps)", ".3f"), ("speedup", ".3f")]))
+    k, s = best_k(args.alpha, args.c, args.max_k, args.verify_factor)
+    print(f"best K = {k} ({s:.2f}x)" + ("  (speculation does not pay: decode plainly)" if k == 0 else ""))
+
+
+if __name__ == "__main__":
+    main()
