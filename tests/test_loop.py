@@ -1,0 +1,117 @@
+"""The whole loop on the tiny pair: greedy identity with plain decoding, the edges of a round, seeded sampling."""
+
+import pytest
+import torch
+
+from spec.common import CachedModel, chat_ids
+from spec.drafters import LookupDrafter, ModelDrafter, NoDrafter, lookup_draft, make_drafter
+from spec.loop import generate
+from spec.rules import Sampling
+
+N = 48
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    texts = ["def add(a, b):", "Explain speculative decoding.", "x = x + 1\nx = x + 1\nx = x +"]
+    return [chat_ids(tiny.tokenizer, t) for t in texts]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny, prompts):
+    """Plain greedy decoding by transformers' own generate: an implementation independent of ours."""
+    out = []
+    for ids in prompts:
+        gen = tiny.target.model.generate(torch.tensor([ids]), max_new_tokens=N, do_sample=False, eos_token_id=None,
+                                         pad_token_id=tiny.tokenizer.pad_token_id)
+        out.append(gen[0, len(ids):].tolist())
+    return out
+
+
+def test_plain_decoding_equals_transformers_generate(tiny, prompts, reference):
+    for ids, ref in zip(prompts, reference):
+        assert generate(tiny.target, NoDrafter(), ids, N, k=0).tokens == ref
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_greedy_draft_is_identical_and_exercises_rejections(tiny, prompts, reference, k):
+    drafted = kept = 0
+    for ids, ref in zip(prompts, reference):
+        result = generate(tiny.target, ModelDrafter(tiny.draft), ids, N, k=k)
+        assert result.tokens == ref
+        drafted, kept = drafted + result.drafted, kept + result.kept
+    assert 0 < kept < drafted  # both the accept and the reject paths ran
+
+
+def test_draft_equal_to_target_keeps_everything(tiny, prompts, reference):
+    # The draft never sees its own last draft when all are kept: this exercises the catch-up feed.
+    same = ModelDrafter(CachedModel(tiny.target.model, tiny.target.vocab, name="self-draft"))
+    for ids, ref in zip(prompts, reference):
+        result = generate(tiny.target, same, ids, N, k=4)
+        assert result.tokens == ref
+        assert result.alpha == 1.0
+        assert all(len(r.tokens) == 5 for r in result.rounds[:-1])
+
+
+def test_lookup_drafter_is_identical(tiny, prompts, reference):
+    for ids, ref in zip(prompts, reference):
+        assert generate(tiny.target, LookupDrafter(), ids, N, k=4).tokens == ref
+
+
+def test_k_zero_with_a_draft_model_is_plain_decoding(tiny, prompts, reference):
+    result = generate(tiny.target, ModelDrafter(tiny.draft), prompts[0], N, k=0)
+    assert result.tokens == reference[0] and result.drafted == 0 and len(result.rounds) == N
+
+
+def test_eos_inside_an_accepted_run_stops_there(tiny, prompts, reference):
+    ref = reference[0]
+    stop = ref[10]  # a token the greedy answer produces: pretend it is EOS
+    expected = ref[: ref.index(stop) + 1]
+    for k in (0, 1, 4, 8):
+        result = generate(tiny.target, ModelDrafter(tiny.draft), prompts[0], N, k=k, eos={stop})
+        assert result.tokens == expected and result.finish == "stop"
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 3, 5, 9])
+def test_max_new_tokens_is_exact(tiny, prompts, reference, max_new):
+    result = generate(tiny.target, ModelDrafter(tiny.draft), prompts[1], max_new, k=4)
+    assert result.tokens == reference[1][:max_new] and result.finish == "length"
+
+
+def test_seeded_sampling_is_reproducible(tiny, prompts):
+    def run(seed):
+        return generate(tiny.target, ModelDrafter(tiny.draft), prompts[1], N, k=4, sampling=Sampling(1.0, top_p=0.95),
+                        generator=torch.Generator().manual_seed(seed)).tokens
+
+    assert run(3) == run(3)
+    assert run(3) != run(4)
+
+
+def test_same_objects_serve_request_after_request(tiny, prompts, reference):
+    drafter = make_drafter("draft", tiny)
+    for _ in range(2):
+        for ids, ref in zip(prompts, reference):
+            assert generate(tiny.target, drafter, ids, N, k=3).tokens == ref
+
+
+def test_bad_requests_are_clear_errors(tiny):
+    with pytest.raises(ValueError, match="empty"):
+        generate(tiny.target, NoDrafter(), [], 4)
+    with pytest.raises(ValueError, match="context"):
+        generate(tiny.target, NoDrafter(), [1, 2, 3], tiny.target.max_length)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(tiny.target, NoDrafter(), [1, 2, 3], 0)
+
+
+@pytest.mark.parametrize(
+    "seq, k, expected",
+    [
+        ([5, 6, 7, 8, 5, 6], 2, [7, 8]),  # trigram absent, bigram (5, 6) found
+        ([1, 2, 3, 9, 1, 2, 3], 3, [9, 1, 2]),  # trigram found
+        ([1, 4, 1, 5, 1], 2, [5, 1]),  # the most recent occurrence wins
+        ([1, 2, 3], 4, []),  # nothing repeats
+        ([7], 4, []),
+    ],
+)
+def test_lookup_draft(seq, k, expected):
+    assert lookup_draft(seq, k) == expected
