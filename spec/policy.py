@@ -1,0 +1,173 @@
+"""Adaptive K: a `KPolicy` for `spec.loop.speculate` that picks each round's K from running estimates.
+
+It keeps three estimates, each a ratio of exponentially decayed sums over the last `memory` observations:
+
+- alpha: drafts kept / drafts judged. A round with n kept of K judged n + 1 positions if it stopped at a rejection,
+  n if all K were kept; positions after the first rejection are never judged.
+- c: seconds per draft step / seconds per target step. Target steps are timed on K = 0 rounds (one 1-token forward).
+- s, the verify slope: a round of K drafts, less its draft steps, costs (1 + s K) target steps.
+
+Every round it picks the K in 0..max_k that maximises the predicted speedup `spec.calc.speedup(alpha, K, c, 1 + s K)`.
+K = 0 (speculation off) wins when no K beats plain decoding. Times are whole rounds (`total_s`), so the loop's own
+overhead is counted where it falls.
+
+Estimates only learn from what is run, so the policy probes the other side now and then, within `probe_budget` of
+the time (2% by default). While speculation is on, a K = 0 round refreshes the target step, spaced by its predicted
+loss. While it is off, a K = 1 round refreshes alpha; each plain round earns `probe_budget` target steps of credit, a
+probe is run once the credit covers its expected cost, and it then pays what it really cost beyond plain decoding.
+That cost includes the drafter catching up on the text it skipped while off: b target steps per skipped token, learned
+from the probes. On a GPU b is about 0 (a forward over many tokens costs what one costs); on a CPU it is not, and a
+later probe costs more than an early one. If b exceeds the budget, no spacing pays for probes and they stop.
+Everything is deterministic: no randomness, only the rounds it is shown.
+
+Times must be real: on a GPU run the loop with timing=True (its default), which synchronises before each clock read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+from typing import Callable
+
+from spec import calc
+from spec.loop import KPolicy, Round
+
+PRIOR_ALPHA_WEIGHT = 2.0  # judged positions the prior alpha is worth; real rounds outweigh it within a few rounds
+
+
+class Decayed:
+    """sum(w_i x_i) / sum(w_i y_i) with w_i = (1 - 1/memory)^age: a running ratio that forgets old observations."""
+
+    def __init__(self, memory: float):
+        self.decay = 1 - 1 / memory
+        self.num = self.den = 0.0
+
+    def add(self, num: float, den: float) -> None:
+        self.num = self.num * self.decay + num
+        self.den = self.den * self.decay + den
+
+    @property
+    def value(self) -> float | None:
+        return self.num / self.den if self.den > 0 else None
+
+
+class AdaptiveK:
+    """Chooses K each round to maximise the predicted speedup; turns speculation off when it cannot pay.
+
+    max_k: the largest K it may choose. memory: how many observations an estimate mostly reflects.
+    probe_budget: the share of time probes may cost. prior_alpha: the acceptance assumed before any round.
+
+    The first rounds measure what the formula needs: K = 1 (a draft step; right after the prefill the drafter is in
+    step with the text) and K = 0 (a target step). From then on every choice comes from the estimates.
+    """
+
+    def __init__(self, max_k: int = 8, memory: float = 32, probe_budget: float = 0.02, prior_alpha: float = 0.5):
+        if max_k < 1:
+            raise ValueError(f"max_k must be >= 1, got {max_k}")
+        if memory < 1:
+            raise ValueError(f"memory must be >= 1, got {memory}")
+        if not 0 < probe_budget < 1:
+            raise ValueError(f"probe_budget must be in (0, 1), got {probe_budget}")
+        if not 0 <= prior_alpha <= 1:
+            raise ValueError(f"prior_alpha must be in [0, 1], got {prior_alpha}")
+        self.max_k = max_k
+        self.probe_budget = probe_budget
+        self.alpha = Decayed(memory)
+        self.alpha.add(prior_alpha * PRIOR_ALPHA_WEIGHT, PRIOR_ALPHA_WEIGHT)
+        self.target_step = Decayed(memory)  # seconds per K = 0 round
+        self.draft_step = Decayed(memory)  # seconds per draft step
+        self.slope = Decayed(memory)  # extra target steps per draft, beyond the draft steps themselves
+        self.catch_up = Decayed(memory)  # b: target steps per skipped token the drafter spends catching up
+        self._lag = 0  # tokens emitted by K = 0 rounds since the drafter last ran (it will have to read them)
+        self._credit = 0.0  # target steps that probes may still spend while speculation is off
+        self._since_probe = 0  # rounds since the last K = 0 probe while speculation is on
+        self._probing = False
+
+    def estimates(self) -> tuple[float, float, float] | None:
+        """(alpha, c, s), or None until a draft step and a target step have been timed."""
+        t_target, t_draft = self.target_step.value, self.draft_step.value
+        if t_target is None or t_draft is None:
+            return None
+        return self.alpha.value, t_draft / t_target, max(0.0, self.slope.value or 0.0)
+
+    def choice(self) -> tuple[int, float]:
+        """The formula's best K for the current estimates, and its predicted speedup."""
+        estimates = self.estimates()
+        if estimates is None:
+            raise RuntimeError("no estimates yet: the policy has not seen a draft step and a target step")
+        alpha, c, s = estimates
+        verify = {k: 1 + s * k for k in range(1, self.max_k + 1)}
+        return calc.best_k(alpha, c, self.max_k, verify)
+
+    def next_k(self) -> int:
+        if self.draft_step.value is None:
+            return 1
+        if self.target_step.value is None:
+            return 0
+        k, gain = self.choice()
+        if k == 0:
+            self._credit += self.probe_budget
+            if self._credit >= self._expected_probe_cost():
+                self._probing = True
+                return 1
+            return 0
+        self._since_probe += 1
+        if self._since_probe > self._on_probe_interval(k, gain):
+            self._since_probe = 0
+            return 0
+        return k
+
+    def _expected_probe_cost(self) -> float:
+        """Target steps a K = 1 probe would cost beyond plain decoding: c + 1 + s steps plus catching up on the
+        skipped tokens, for 1 + alpha tokens that plain decoding makes in 1 + alpha steps."""
+        alpha, c, s = self.estimates()
+        return c + s + (self.catch_up.value or 0.0) * self._lag - alpha
+
+    def _on_probe_interval(self, k: int, gain: float) -> int:
+        """Rounds between K = 0 probes while speculating: one plain round makes a token in one step instead of
+        1/gain steps, and should cost at most `probe_budget` of the `interval` rounds it follows."""
+        _, c, s = self.estimates()
+        return max(1, math.ceil((1 - 1 / gain) / (self.probe_budget * calc.round_cost(k, c, 1 + s * k))))
+
+    def observe(self, rnd: Round) -> None:
+        t_target, t_draft = self.target_step.value, self.draft_step.value
+        probing, self._probing = self._probing, False
+        if rnd.drafted == 0:
+            self.target_step.add(rnd.total_s, 1)
+            self._lag += len(rnd.tokens)
+            return
+        rejected = 1 if rnd.kept < rnd.drafted else 0
+        self.alpha.add(rnd.kept, rnd.kept + rejected)
+        if self._lag == 0:
+            self.draft_step.add(rnd.draft_s, rnd.drafted)
+        elif t_target and t_draft:
+            self.catch_up.add(max(0.0, rnd.draft_s - rnd.drafted * t_draft) / t_target, self._lag)
+        if t_target:
+            self.slope.add((rnd.total_s - rnd.draft_s) / t_target - 1, rnd.drafted)
+            if probing:
+                self._credit -= rnd.total_s / t_target - len(rnd.tokens)
+        self._lag = 0
+
+
+class KSpecError(ValueError, argparse.ArgumentTypeError):
+    """A bad K specification. A ValueError for library callers (the server answers 400); as an ArgumentTypeError,
+    argparse prints its message when parse_k is an argument's `type`."""
+
+
+def parse_k(text: str) -> int | Callable[[], KPolicy]:
+    """Read a K setting: "4" -> 4 drafts per round; "auto" -> a factory of AdaptiveK() (max K 8); "auto:6" -> of
+    AdaptiveK(max_k=6). Call the factory once per generation (the policy learns during it) and pass the policy as
+    `k=` to spec.loop.speculate."""
+    text = text.strip().lower()
+    if text == "auto" or text.startswith("auto:"):
+        _, _, limit = text.partition(":")
+        max_k = 8
+        if limit:
+            if not limit.isdigit() or int(limit) < 1:
+                raise KSpecError(f"'auto:N' needs a whole number N >= 1 (the largest K), got {text!r}")
+            max_k = int(limit)
+        return functools.partial(AdaptiveK, max_k=max_k)
+    if not text.isdigit():
+        raise KSpecError(f"K must be a whole number >= 0, 'auto' or 'auto:N', got {text!r}")
+    return int(text)

@@ -1,0 +1,144 @@
+"""Adaptive K on synthetic rounds (known alpha, c, verify slope), K parsing, and the policy inside the real loop."""
+
+import argparse
+from collections import Counter
+
+import pytest
+import torch
+
+from spec import calc
+from spec.loop import Round
+from spec.policy import AdaptiveK, KSpecError, parse_k
+
+STEP = 0.01  # seconds per target step in the synthetic world
+
+
+def simulate(policy, alpha, c, slope=0.0, rounds=600, seed=0, catch_up=0.0):
+    """Drive `policy` with rounds whose drafts are kept independently with probability `alpha` (a function of the
+    round number, or a number) and whose times follow the cost model exactly. `catch_up` is the draft time, in target
+    steps, per token the drafter skipped during K = 0 rounds (on a CPU, reading one more token in a batched draft
+    forward). Returns (speedup over plain decoding, chosen Ks)."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = seconds = 0.0
+    lag, chosen = 0, []
+    for i in range(rounds):
+        a = alpha(i) if callable(alpha) else alpha
+        k = policy.next_k()
+        chosen.append(k)
+        kept = 0
+        while kept < k and torch.rand((), generator=gen).item() < a:
+            kept += 1
+        draft_s = (k * c + (catch_up * lag if k else 0.0)) * STEP
+        total_s = draft_s + (1 + slope * k) * STEP
+        lag = 0 if k else lag + 1
+        policy.observe(Round([0] * (kept + 1), k, kept, draft_s, total_s - draft_s, total_s))
+        tokens += kept + 1
+        seconds += total_s
+    return tokens * STEP / seconds, chosen
+
+
+@pytest.mark.parametrize("alpha, c, slope", [(0.7, 0.1, 0.0), (0.7, 0.25, 0.0), (0.9, 0.05, 0.02), (0.8, 0.3, 0.1)])
+def test_converges_to_the_formulas_best_k(alpha, c, slope):
+    best, gain = calc.best_k(alpha, c, 8, {k: 1 + slope * k for k in range(1, 9)})
+    speedup, chosen = simulate(AdaptiveK(max_k=8), alpha, c, slope)
+    settled = Counter(chosen[100:])
+    assert abs(settled.most_common(1)[0][0] - best) <= 1
+    assert settled[best] >= 0.3 * len(chosen[100:])
+    assert speedup >= 0.95 * gain
+
+
+@pytest.mark.parametrize("alpha, c, catch_up", [
+    (0.0, 0.05, 0.0), (0.0, 0.4, 0.02), (0.0, 1.0, 0.03), (0.0, 3.0, 0.03), (0.2, 0.4, 0.02), (0.3, 1.0, 0.03),
+])
+@pytest.mark.parametrize("rounds", [100, 600])
+def test_a_useless_draft_turns_speculation_off_and_costs_under_5_percent(alpha, c, catch_up, rounds):
+    assert calc.best_k(alpha, c, 8, 1.05)[0] == 0  # the formula agrees: nothing beats plain decoding
+    speedup, chosen = simulate(AdaptiveK(max_k=8), alpha, c, slope=0.05, rounds=rounds, catch_up=catch_up)
+    assert speedup >= 0.95
+    assert max(chosen[20:]) <= 1  # off, but for K = 1 probes
+
+
+def test_probes_turn_speculation_back_on_when_the_draft_gets_good():
+    policy = AdaptiveK(max_k=8)
+    _, chosen = simulate(policy, lambda i: 0.0 if i < 300 else 0.9, c=0.1, rounds=600)
+    assert chosen[200:300].count(0) >= 75
+    assert Counter(chosen[400:]).most_common(1)[0][0] >= 4
+
+
+def test_probe_cost_sets_the_spacing_while_off():
+    cheap, expensive = AdaptiveK(), AdaptiveK()
+    _, a = simulate(cheap, 0.0, c=0.3, rounds=400)
+    _, b = simulate(expensive, 0.0, c=3.0, rounds=400)
+    assert a[100:].count(1) > b[100:].count(1) >= 1
+
+
+def test_the_policy_is_deterministic():
+    assert simulate(AdaptiveK(), 0.7, 0.1)[1] == simulate(AdaptiveK(), 0.7, 0.1)[1]
+
+
+def test_the_first_rounds_time_a_draft_step_then_a_target_step():
+    policy = AdaptiveK()
+    assert policy.estimates() is None
+    assert policy.next_k() == 1
+    policy.observe(Round([1, 2], 1, 1, 0.002, 0.01, 0.012))
+    assert policy.next_k() == 0
+    policy.observe(Round([3], 0, 0, 0.0, 0.01, 0.01))
+    alpha, c, s = policy.estimates()
+    assert c == pytest.approx(0.2)
+    decay = 1 - 1 / 32
+    assert alpha == pytest.approx((1 * decay + 1) / (2 * decay + 1))  # the prior (1 of 2), decayed once, + 1 of 1
+    assert s == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("text, want", [("0", 0), ("4", 4), (" 12 ", 12)])
+def test_parse_k_numbers(text, want):
+    assert parse_k(text) == want
+
+
+def test_parse_k_auto_gives_a_factory_of_fresh_policies():
+    make = parse_k("auto")
+    first, second = make(), make()
+    assert isinstance(first, AdaptiveK) and first is not second and first.max_k == 8
+    assert parse_k("AUTO:5")().max_k == 5
+
+
+@pytest.mark.parametrize("text", ["-1", "four", "auto:0", "auto:x", "2.5", ""])
+def test_parse_k_rejects_bad_values_with_a_message(text):
+    with pytest.raises(ValueError, match="K|auto"):
+        parse_k(text)
+
+
+def test_parse_k_errors_read_well_in_argparse(capsys):
+    parser = argparse.ArgumentParser(prog="x")
+    parser.add_argument("--k", type=parse_k)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--k", "lots"])
+    assert "K must be a whole number >= 0, 'auto' or 'auto:N'" in capsys.readouterr().err
+    assert KSpecError.__mro__.index(ValueError) > 0
+
+
+def test_adaptive_k_in_the_loop_keeps_greedy_output_exact(tiny_pair):
+    from spec.drafters import make_drafter
+    from spec.loop import generate
+
+    prompt = tiny_pair.tokenizer("def add(a, b):").input_ids
+    plain = generate(tiny_pair.target, make_drafter("none", tiny_pair), prompt, 40, k=0)
+    policy = AdaptiveK(max_k=4)
+    adaptive = generate(tiny_pair.target, make_drafter("draft", tiny_pair), prompt, 40, k=policy)
+    assert adaptive.tokens == plain.tokens
+    assert policy.estimates() is not None
+    assert {r.drafted for r in adaptive.rounds} & {1, 2, 3, 4}
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    from spec.common import load_pair
+
+    return load_pair("tiny")
+
+
+def test_probes_stop_when_catching_up_costs_more_than_the_budget():
+    # Each skipped token costs the drafter 0.1 target steps to read back: no spacing keeps probes under 2%.
+    speedup, chosen = simulate(AdaptiveK(), 0.0, c=0.4, catch_up=0.1, rounds=1500)
+    assert chosen[400:].count(1) == 0
+    assert speedup >= 0.95
