@@ -126,6 +126,10 @@ class GraphModel:
             self.cos, self.sin = cos[0], sin[0]  # [capacity, head_dim]
             self.pos = torch.zeros((), dtype=torch.long, device=self.device)  # the write position, on the device
         self.spans: dict[int, torch.Tensor] = {}  # span -> arange(span): the cache positions attention reads
+        if compile:
+            # Compiled code is cached per code object and guarded on `self`: every GraphModel in the process adds
+            # two entries to `_body`'s cache, past the default limit of 8 after four models.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         self.body = torch.compile(self._body, fullgraph=True) if compile else self._body
         self.compiled = compile
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
