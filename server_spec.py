@@ -34,6 +34,7 @@ import torch
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException
@@ -242,16 +243,18 @@ class ApiError(Exception):
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
              413: "invalid_request_error", 415: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable", 504: "timeout"}
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers  # e.g. Allow on a 405
 
     def body(self) -> dict:
-        kind = self.TYPES.get(self.status, "server_error")
+        kind = self.TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -451,6 +454,14 @@ class Engine:
         self.drain_deadline = time.monotonic() + grace
         self.draining = True
 
+    def _fail_waiting(self) -> None:
+        while True:
+            try:
+                job = self.queue.get_nowait()
+            except queue.Empty:
+                return
+            job.post(ApiError(503, "the server is shutting down", code="shutting_down"))
+
     def _work(self) -> None:
         while True:
             try:
@@ -522,6 +533,8 @@ class Engine:
                     job.post(ApiError(504, f"generation ran past the limit of {self.request_timeout:g} s",
                                       code="timeout"))
                     return
+                if self.draining:
+                    self._fail_waiting()
                 if self.draining and now > self.drain_deadline:
                     job.post(ApiError(503, "the server is shutting down; generation was aborted",
                                       code="shutting_down"))
@@ -623,9 +636,13 @@ def _sse(data: dict | str) -> str:
 
 
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 415, 429, 503, 504)}
+STREAMING = {**ERRORS, 200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                             "description": "JSON, or server-sent events when `stream` is true"}}
 
 
-def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_body: int = 1 << 20) -> FastAPI:
+def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_body: int = 1 << 20,
+               max_model_len: int | None = None) -> FastAPI:
+    """The FastAPI app behind the Gate. `max_model_len` caps prompt + max_tokens below the model's context."""
     app = FastAPI(title="spark-spec", version="0.1.0",
                   description="OpenAI-compatible speculative decoding: same answers, fewer target steps.")
     created = int(time.time())
@@ -644,7 +661,10 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
 
     @app.exception_handler(HTTPException)
     async def _http(request, err: HTTPException):
-        return ApiError(err.status_code, str(err.detail)).response()
+        return ApiError(err.status_code, str(err.detail), headers=err.headers).response()
+
+    def context_length(pair: Pair) -> int:
+        return min(pair.target.max_length, max_model_len or pair.target.max_length)
 
     def need_ready() -> Pair:
         if not engine.ready:
@@ -661,7 +681,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         pair = need_ready()
         if not prompt:
             raise ApiError(400, "the prompt is empty", param="prompt", code="invalid_value")
-        context = pair.target.max_length
+        context = context_length(pair)
         room = context - len(prompt)
         wanted = req.max_completion_tokens or req.max_tokens
         if room < 1 or (wanted is not None and wanted > room):
@@ -748,10 +768,11 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         pair = need_ready()
         served = ServedConfig(method=engine.method, k=str(engine.k) if isinstance(engine.k, int) else "auto",
                               dtype=str(pair.dtype).removeprefix("torch."), device=str(pair.device))
-        card = ModelCard(id=model_name, created=created, max_model_len=pair.target.max_length, speculation=served)
+        card = ModelCard(id=model_name, created=created, max_model_len=context_length(pair),
+                         speculation=served)
         return ModelList(data=[card])
 
-    @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=ERRORS)
+    @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=STREAMING)
     async def chat_completions(req: ChatRequest, request: Request):
         check_model(req.model)
         pair = need_ready()
@@ -764,7 +785,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         prompt = pair.tokenizer(rendered, add_special_tokens=False).input_ids
         return await respond(request, req, prompt, chat=True)
 
-    @app.post("/v1/completions", response_model=Completion, responses=ERRORS)
+    @app.post("/v1/completions", response_model=Completion, responses=STREAMING)
     async def completions(req: CompletionRequest, request: Request):
         check_model(req.model)
         pair = need_ready()
@@ -791,6 +812,20 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                   "process_resident_memory_bytes": resident_bytes()}
         return PlainTextResponse(engine.metrics.render(gauges), media_type="text/plain; version=0.0.4")
 
+    def openapi() -> dict:
+        # Invalid requests get 400 in the OpenAI envelope, never FastAPI's 422: say so in the schema too.
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                                 routes=app.routes)
+            for path in schema["paths"].values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
     return Gate(app, api_key, max_body)
 
 
@@ -829,12 +864,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--queue", type=int, default=16, help="requests that may wait for the worker; more get 429")
     g.add_argument("--request-timeout", type=float, default=600.0,
                    help="seconds a request may take, waiting included, before it fails with 504")
+    g.add_argument("--max-model-len", type=int, help="tokens a request may use, prompt + max_tokens "
+                   "(default: the model's context)")
     g.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (413 above)")
     g.add_argument("--drain-seconds", type=float, default=30.0,
                    help="on SIGTERM, how long the running request may continue before it is aborted")
     args = parser.parse_args(argv)
-    if args.queue < 1 or args.request_timeout <= 0 or args.max_body < 1 or args.drain_seconds < 0:
-        parser.error("--queue, --request-timeout and --max-body must be positive, --drain-seconds >= 0")
+    if min(args.queue, args.max_body, args.max_model_len or 2) < 1 or args.request_timeout <= 0:
+        parser.error("--queue, --request-timeout, --max-body and --max-model-len must be positive")
+    if args.drain_seconds < 0:
+        parser.error("--drain-seconds must be >= 0")
     return args
 
 
@@ -844,7 +883,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
     engine = Engine(args.method, args.k, args.queue, args.request_timeout)
     model_name = args.served_model_name or args.target or resolve_pair(args.pair)[0]
-    app = create_app(engine, model_name, args.api_key, args.max_body)
+    app = create_app(engine, model_name, args.api_key, args.max_body, args.max_model_len)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info",
                             timeout_graceful_shutdown=args.drain_seconds + 5)
     server = Server(config, engine, args.drain_seconds)
