@@ -653,10 +653,16 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, err: RequestValidationError):
-        first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request"}
-        loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+        first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request", "type": ""}
+        if first.get("type") == "json_invalid":
+            reason = (first.get("ctx") or {}).get("error", "")
+            return ApiError(400, f"the body is not valid JSON: {reason}".rstrip(": "), code="invalid_json").response()
+        # loc is ("body", field, index, ..., union member); the member names a type, not a place.
+        loc = [str(part) for part in first.get("loc", ())[1:]]
+        loc = [part for part in loc if part not in ("str", "int", "float", "bool") and "[" not in part]
         param = ".".join(loc) or None
-        message = f"{param}: {first['msg']}" if param else first["msg"]
+        text = first["msg"].removeprefix("Value error, ")
+        message = f"{param}: {text}" if param else f"the body must be a JSON object with the request's fields: {text}"
         return ApiError(400, message, param=param, code="invalid_value").response()
 
     @app.exception_handler(HTTPException)
