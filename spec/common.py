@@ -336,7 +336,10 @@ def load_model(ref: str, device: torch.device, dtype: torch.dtype, role: str = "
         path = Path(ref).expanduser()
         if not path.is_file():
             raise ModelError(f"no GGUF file at {path}")
-        model, tok = _from_pretrained(str(path.parent), device, dtype, gguf_file=path.name)
+        try:
+            model, tok = _from_pretrained(str(path.parent), device, dtype, gguf_file=path.name)
+        except Exception as err:  # the GGUF reader raises many kinds of errors on a damaged file
+            raise ModelError(f"could not read GGUF file {path} (truncated or not a GGUF model?): {err}") from err
         how = "GGUF (de-quantised on load)"
     elif Path(ref).expanduser().is_dir():
         model, tok = _from_pretrained(str(Path(ref).expanduser()), device, dtype)
