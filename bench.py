@@ -7,7 +7,8 @@ A client only (the official `openai` package): it knows nothing about models. Ev
 first text can be timed. Per request: TTFT, TPOT = (E2E - TTFT) / (output tokens - 1), the gaps between text
 chunks (inter-token latency; one chunk may carry several tokens), E2E; output tokens come from the usage chunk,
 never from counting chunks or characters. Per level: p50 / p90 / p99, output tok/s and requests/s over the level's
-wall time, failures. Acceptance rate (accepted / drafted tokens) and mean acceptance length (1 + accepted / drafts:
+wall time, failures, and decode tok/s = sum(tokens - 1) / sum(E2E - TTFT), the single-stream speed to compare
+with the loop's in-process tok/s. Acceptance rate (accepted / drafted tokens) and mean acceptance length (1 + accepted / drafts:
 tokens per target step) come from the server's /metrics deltas when it exports vLLM-style spec-decode counters
 (spark-spec and vLLM do; hosted APIs do not, and the row then says —).
 """
@@ -131,6 +132,9 @@ def summarise(rows: list[dict], wall: float, before: dict | None, after: dict | 
            "output_tokens": sum(r["tokens"] for r in ok),
            "tok_s": sum(r["tokens"] for r in ok) / wall if wall > 0 else None,
            "req_s": len(ok) / wall if wall > 0 else None, "acceptance": None, "acceptance_length": None}
+    # Single-stream decode speed, comparable with the loop's in-process tok/s: tokens after the first / time after it.
+    after_first = sum(r["e2e"] - r["ttft"] for r in ok if r["tokens"] > 1)
+    out["decode_tok_s"] = sum(r["tokens"] - 1 for r in ok if r["tokens"] > 1) / after_first if after_first else None
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e", e2e)):
         for q in (50, 90, 99):
             out[f"{name}_p{q}"] = pct(values, q)
@@ -296,7 +300,8 @@ def main(argv=None) -> int:
             row[key] = None if row[key] is None else row[key] * 1000
     print(table(rows, [("concurrency", "d"), ("requests", "d"), ("failures", "d"), ("ttft_p50", ".0f"),
                        ("ttft_p99", ".0f"), ("tpot_p50", ".1f"), ("itl_p50", ".1f"), ("e2e_p50", ".0f"),
-                       ("tok_s", ".2f"), ("req_s", ".3f"), ("acceptance", ".2f"), ("acceptance_length", ".2f")]))
+                       ("tok_s", ".2f"), ("decode_tok_s", ".2f"), ("req_s", ".3f"), ("acceptance", ".2f"),
+                       ("acceptance_length", ".2f")]))
     print(f"times in ms; rows appended to {args.scoreboard}; raw JSON {path}", file=sys.stderr)
     return 1 if any(level["summary"]["failures"] for level in data["levels"]) else 0
 

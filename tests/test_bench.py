@@ -39,6 +39,7 @@ def test_summary_arithmetic():
     assert s["requests"] == 3 and s["failures"] == 1
     assert s["tok_s"] == pytest.approx(32 / 4.0) and s["req_s"] == pytest.approx(0.5)
     assert s["ttft_p50"] == pytest.approx(0.2) and s["tpot_p50"] == pytest.approx(0.1)
+    assert s["decode_tok_s"] == pytest.approx((10 + 20) / (1.0 + 2.0))
     assert s["acceptance"] == pytest.approx(30 / 40) and s["acceptance_length"] == pytest.approx(1 + 30 / 10)
     hosted = bench.summarise(rows, wall=4.0, before=None, after=None)
     assert hosted["acceptance"] is None
