@@ -1,0 +1,122 @@
+"""Break-It: deliberately wrong variants of the pieces an exact speculative decoder depends on.
+
+Each variant is one small, plausible mistake, kept apart from the real code so that the loop, the rules and the
+drafters stay exactly the ones users run. `python -m spec.dist_test --break NAME` must catch each of them; the
+power of each test is in docs/exactness.md.
+
+- `resample-p`  (a rule): on rejection, sample the fix from p instead of the residual max(0, p - q).
+- `softmax-q`   (a drafter): draft the argmax, but hand the rule q = softmax(logits) — not the distribution the
+  draft was chosen from (that was one-hot at the argmax).
+- `no-rollback` (a target): rollback moves `length` but leaves the rejected drafts' KV entries in the cache, so the
+  next round attends to text that was never accepted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spec.common import CachedModel
+from spec.drafters import ModelDrafter
+from spec.rules import warp
+
+BUGS = {
+    "resample-p": "on rejection the rule samples the fix from p instead of the residual max(0, p - q)",
+    "softmax-q": "the draft picks its argmax but reports q = softmax(logits) instead of one-hot",
+    "no-rollback": "the target's rollback moves its length but keeps the rejected drafts' KV entries",
+}
+
+
+# ---- resample-p: a wrong rule --------------------------------------------------------------------------------
+
+
+def resample_from_p(
+    p: torch.Tensor, q: torch.Tensor | None, drafts: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`spec.rules.accept_or_fix` with one mistake: the token after the kept prefix always comes from p.
+
+    p: [B, K+1, V]   q: [B, K, V] or None (one-hot)   drafts: [B, K]   ->   n_kept [B], next_token [B]
+
+    The keep test is the true one. A rejected position then emits x with probability
+    min(p(x), q(x)) + (1 - alpha) * p(x)   (alpha = sum_y min(p(y), q(y))),
+    which is p only when alpha = 1: the fix may redraw the very token just rejected, so tokens the draft
+    over-proposes (q > p) come out too often. `resample_from_p_law` computes this law.
+    """
+    batch, k = drafts.shape
+    p_d = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # [B, K]
+    q_d = torch.ones_like(p_d) if q is None else q.gather(-1, drafts[..., None]).squeeze(-1)
+    keep = torch.rand(batch, k, generator=generator, device=p.device) * q_d < p_d
+    n_kept = keep.long().cumprod(-1).sum(-1)  # [B]
+    chosen = p[torch.arange(batch, device=p.device), n_kept]  # [B, V]: the bug — p, not the residual
+    return n_kept, torch.multinomial(chosen, 1, generator=generator).squeeze(1)
+
+
+def resample_from_p_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """What one position emits under `resample_from_p`: min(p, q) + (1 - alpha) p.   p, q: [V] -> [V]"""
+    both = torch.minimum(p, q)
+    return both + (1 - both.sum()) * p
+
+
+# ---- softmax-q: a wrong drafter ------------------------------------------------------------------------------
+
+
+class SoftmaxQDrafter(ModelDrafter):
+    """A draft model that drafts greedily (argmax) but reports the softmax of its warped logits as q.
+
+    The rule's guarantee needs q to be the law the draft was drawn from; an argmax draw has a one-hot law. With the
+    wrong q the rule keeps the argmax d with probability min(1, p(d)/q(d)) and otherwise draws from
+    max(0, p - q): `softmax_q_law` gives the result, which is not p. Greedy decoding never reads q, so there the
+    drafter is just the normal one.
+    """
+
+    def propose(self, seq, k, sampling, generator):
+        if sampling.greedy:
+            return super().propose(seq, k, sampling, generator)
+        drafts, dists = [], []
+        new = torch.as_tensor(seq[self.model.length :], dtype=torch.long, device=self.model.device)
+        for _ in range(k):
+            logits = self.model.forward(new, keep=1)[-1]  # [V]
+            token = logits.argmax(-1, keepdim=True)  # the bug: the draw is not from the q reported below
+            dists.append(warp(logits, sampling))
+            drafts.append(token)
+            new = token
+        if not drafts:
+            return torch.empty(0, dtype=torch.long, device=self.model.device), None
+        return torch.cat(drafts), torch.stack(dists)
+
+
+def softmax_q_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """What one position emits when the draft is argmax(q) but the rule is told q.   p, q: [V] -> [V]"""
+    d = int(q.argmax())
+    keep = min(1.0, float(p[d] / q[d]))
+    residual = (p - q).clamp_min(0.0)
+    law = torch.zeros_like(p)
+    if keep < 1:
+        law = (1 - keep) * residual / residual.sum()
+    law[d] += keep
+    return law
+
+
+# ---- no-rollback: a wrong cache ------------------------------------------------------------------------------
+
+
+class StaleCacheModel(CachedModel):
+    """A `CachedModel` whose rollback only moves `length`: the KV entries of rejected drafts stay in the cache.
+
+    The next forward appends after those stale entries, so the model reads text that was never accepted, at
+    positions shifted by the number of stale tokens. A round after one where every draft was kept has nothing
+    stale, which is why greedy identity survives round one and breaks at the first round after a rejection.
+    `reset()` (rollback to 0) still clears the cache, so each generation starts clean, as in a real server.
+    """
+
+    @classmethod
+    def wrap(cls, model: CachedModel) -> "StaleCacheModel":
+        """The same weights with a fresh, stale-prone cache."""
+        return cls(model.model, model.vocab, name=f"{model.name} (no rollback)")
+
+    def rollback(self, length: int) -> None:
+        if length == 0:
+            super().rollback(0)
+        elif length > self.length:
+            raise ValueError(f"cannot roll {self.length} positions back to {length}")
+        else:
+            self.length = length  # the bug: the cache keeps everything after `length`
