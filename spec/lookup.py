@@ -15,7 +15,8 @@ import argparse
 import sys
 
 from spec.cli import add_model_args, load_from_args, load_prompts, save_json, table
-from spec.runs import Setup, print_rows, run_set
+from spec.policy import parse_k
+from spec.runs import Setup, k_label, print_rows, run_set
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -27,12 +28,13 @@ def main(argv: list[str] | None = None) -> dict:
                         help="prompt sets to compare, comma-separated (default short,rename)")
     parser.add_argument("--limit", type=int, default=3, help="prompts per set (default 3; 0 = all)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per prompt (default 128)")
-    parser.add_argument("--k", type=int, default=8, help="tokens proposed per lookup (default 8)")
+    parser.add_argument("--k", type=parse_k, default=8,
+                        help="tokens proposed per lookup (default 8), or auto / auto:N for adaptive K")
     parser.add_argument("--compare-hf", action="store_true",
                         help="also time transformers' generate with prompt_lookup_num_tokens=K")
     args = parser.parse_args(argv)
-    if args.k < 0 or args.max_new_tokens < 1:
-        parser.error("--k must be >= 0 and --max-new-tokens >= 1")
+    if args.max_new_tokens < 1:
+        parser.error("--max-new-tokens must be >= 1")
     sets = {name: load_prompts(name)[: args.limit or None] for name in args.sets.split(",")}
     pair = load_from_args(args, with_draft=False)
     setup = Setup(method="lookup", k=args.k, max_new_tokens=args.max_new_tokens, compare_hf=args.compare_hf)
@@ -43,11 +45,12 @@ def main(argv: list[str] | None = None) -> dict:
         totals.append({**total, "id": name})
         print(f"\n{name}:")
         print_rows(rows, total, args.compare_hf)
-    print(f"\n{pair.name}: greedy prompt lookup, K = {args.k}, up to {args.max_new_tokens} tokens per prompt")
+    print(f"\n{pair.name}: greedy prompt lookup, K = {k_label(args.k)}, "
+          f"up to {args.max_new_tokens} tokens per prompt")
     print(table(totals, [("id", "s"), ("tokens", "d"), ("identical", "s"), ("alpha", ".2f"),
                          ("tokens_per_round", ".2f"), ("plain_tok_s", ".2f"), ("spec_tok_s", ".2f"),
                          ("speedup", ".2f")]))
-    result = {"task": "lookup", "pair": pair.name, "device": str(pair.device), "args": vars(args), "sets": results}
+    result = {"task": "lookup", "pair": pair.name, "device": str(pair.device), "args": {**vars(args), "k": k_label(args.k)}, "sets": results}
     print(f"saved {save_json('lookup', result)}")
     if not all(t["identical"] for t in totals):
         sys.exit(1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -13,14 +14,15 @@ from spec import log
 from spec.cli import table
 from spec.common import Pair, chat_ids, sync_time
 from spec.drafters import make_drafter
-from spec.loop import Result, generate
+from spec.loop import KPolicy, Result, generate
+from spec.policy import parse_k
 from spec.rules import Sampling
 
 
 @dataclass
 class Setup:
     method: str = "draft"
-    k: int = 4
+    k: int | Callable[[], KPolicy] = 4  # a fixed K, or a factory of an adaptive policy (`--k auto`)
     max_new_tokens: int = 64
     sampling: Sampling = Sampling()
     seed: int = 0
@@ -33,7 +35,9 @@ def add_run_args(parser: argparse.ArgumentParser, prompts: str, limit: int, max_
     g.add_argument("--limit", type=int, default=limit, help=f"use the first N prompts (default {limit}; 0 = all)")
     g.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
                    help=f"tokens to generate per prompt (default {max_new_tokens})")
-    g.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4; 0 = plain decoding)")
+    g.add_argument("--k", type=parse_k, default=4,
+                   help="draft tokens per round: a number (default 4; 0 = plain decoding), or auto / auto:N for "
+                        "adaptive K up to N (default 8), learned over the prompt set")
 
 
 def timed(fn, device):
@@ -62,18 +66,18 @@ def hf_generate(pair: Pair, ids: list[int], setup: Setup, assisted: bool) -> lis
     return out[0, len(ids):].tolist()
 
 
-def run_prompt(pair: Pair, prompt: dict, setup: Setup) -> dict:
-    """One prompt: plain decoding (our loop, K = 0), speculation, and optionally transformers' generate."""
+def run_prompt(pair: Pair, prompt: dict, setup: Setup, k: int | KPolicy) -> dict:
+    """One prompt: plain decoding (our loop, K = 0), speculation with `k`, and optionally transformers' generate."""
     ids = chat_ids(pair.tokenizer, prompt["prompt"])
 
-    def ours(method: str, k: int) -> Result:
+    def ours(method: str, k: int | KPolicy) -> Result:
         generator = torch.Generator(device=pair.device).manual_seed(setup.seed)
         drafter = make_drafter(method, pair)
         return generate(pair.target, drafter, ids, setup.max_new_tokens, k=k, sampling=setup.sampling,
                         generator=generator, eos=pair.eos)
 
     plain, plain_s = timed(lambda: ours("none", 0), pair.device)
-    spec, spec_s = timed(lambda: ours(setup.method, setup.k), pair.device)
+    spec, spec_s = timed(lambda: ours(setup.method, k), pair.device)
     row = {
         "id": prompt["id"], "prompt_tokens": len(ids), "tokens": len(spec.tokens), "plain_tokens": len(plain.tokens),
         "identical": spec.tokens == plain.tokens, "alpha": spec.alpha, "tokens_per_round": spec.tokens_per_round,
@@ -96,19 +100,29 @@ def run_prompt(pair: Pair, prompt: dict, setup: Setup) -> dict:
     return row
 
 
+def k_label(k) -> str:
+    """How a K setting prints: the number, or "auto" for an adaptive policy."""
+    return str(k) if isinstance(k, int) else "auto"
+
+
+def make_k(setup: Setup) -> int | KPolicy:
+    return setup.k() if callable(setup.k) else setup.k
+
+
 def warm_up(pair: Pair, setup: Setup) -> None:
     """One short generation of each kind, excluded from every measurement (first-call allocations, lazy init)."""
     short = Setup(setup.method, setup.k, min(8, setup.max_new_tokens), setup.sampling, setup.seed, setup.compare_hf)
-    run_prompt(pair, {"id": "warm-up", "prompt": "Hello"}, short)
+    run_prompt(pair, {"id": "warm-up", "prompt": "Hello"}, short, make_k(setup))
 
 
 def run_set(pair: Pair, prompts: list[dict], setup: Setup, desc: str = "prompts") -> tuple[list[dict], dict]:
     """Warm up, run every prompt, and total the set (tokens over summed seconds, not a mean of ratios)."""
     warm_up(pair, setup)
+    k = make_k(setup)  # one adaptive policy learns across the whole set, as it would across a server's requests
     rows = []
     with log.bar(total=len(prompts), desc=desc) as bar:
         for prompt in prompts:
-            rows.append(run_prompt(pair, prompt, setup))
+            rows.append(run_prompt(pair, prompt, setup, k))
             bar.update()
     total = {
         "id": "ALL", "prompt_tokens": sum(r["prompt_tokens"] for r in rows), "tokens": sum(r["tokens"] for r in rows),

@@ -16,7 +16,7 @@ import argparse
 import sys
 
 from spec.cli import add_model_args, load_from_args, load_prompts, save_json
-from spec.runs import Setup, add_run_args, print_rows, run_set
+from spec.runs import Setup, k_label, add_run_args, print_rows, run_set
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -30,14 +30,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--compare-hf", action="store_true",
                         help="also time transformers' generate, plain and assisted, on the same prompts")
     args = parser.parse_args(argv)
-    if args.k < 0 or args.max_new_tokens < 1:
-        parser.error("--k must be >= 0 and --max-new-tokens >= 1")
+    if args.max_new_tokens < 1:
+        parser.error("--max-new-tokens must be >= 1")
     prompts = load_prompts(args.prompts)[: args.limit or None]
     pair = load_from_args(args, with_draft=args.method == "draft" or args.compare_hf)
     setup = Setup(method=args.method, k=args.k, max_new_tokens=args.max_new_tokens, compare_hf=args.compare_hf)
     rows, total = run_set(pair, prompts, setup, desc="greedy")
 
-    print(f"\n{pair.name}: greedy, method {args.method}, K = {args.k}, {len(prompts)} prompts x up to "
+    print(f"\n{pair.name}: greedy, method {args.method}, K = {k_label(args.k)}, {len(prompts)} prompts x up to "
           f"{args.max_new_tokens} tokens, {pair.device} {str(pair.dtype).removeprefix('torch.')}")
     print_rows(rows, total, args.compare_hf)
     print(f"\nanswer to {rows[0]['id']}:\n{rows[0]['text']}\n")
@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"transformers: plain {total['hf_plain_tok_s']:.2f} tok/s, assisted {total['hf_assisted_tok_s']:.2f} "
               f"tok/s; ours vs assisted {total['ours_vs_hf_assisted']:.2f}x")
     result = {"task": "spec_greedy", "pair": pair.name, "device": str(pair.device),
-              "dtype": str(pair.dtype).removeprefix("torch."), "args": vars(args), "total": total, "rows": rows}
+              "dtype": str(pair.dtype).removeprefix("torch."), "args": {**vars(args), "k": k_label(args.k)},
+              "total": total, "rows": rows}
     print(f"saved {save_json('spec_greedy', result)}")
     if not total["identical"]:
         sys.exit(1)
