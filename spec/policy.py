@@ -1,10 +1,11 @@
 """Adaptive K: a `KPolicy` for `spec.loop.speculate` that picks each round's K from running estimates.
 
-It keeps three estimates, each a ratio of exponentially decayed sums over the last `memory` observations:
+Its estimates are ratios of exponentially decayed sums, so they mostly reflect the last `memory` observations:
 
 - alpha: drafts kept / drafts judged. A round with n kept of K judged n + 1 positions if it stopped at a rejection,
   n if all K were kept; positions after the first rejection are never judged.
-- c: seconds per draft step / seconds per target step. Target steps are timed on K = 0 rounds (one 1-token forward).
+- c: seconds per draft step / seconds per target step. Target steps are timed on K = 0 rounds (one 1-token forward),
+  draft steps on rounds whose drafter had no text to catch up on.
 - s, the verify slope: a round of K drafts, less its draft steps, costs (1 + s K) target steps.
 
 Every round it picks the K in 0..max_k that maximises the predicted speedup `spec.calc.speedup(alpha, K, c, 1 + s K)`.
@@ -15,8 +16,8 @@ Estimates only learn from what is run, so the policy probes the other side now a
 the time (2% by default). While speculation is on, a K = 0 round refreshes the target step, spaced by its predicted
 loss. While it is off, a K = 1 round refreshes alpha; each plain round earns `probe_budget` target steps of credit, a
 probe is run once the credit covers its expected cost, and it then pays what it really cost beyond plain decoding.
-That cost includes the drafter catching up on the text it skipped while off: b target steps per skipped token, learned
-from the probes. On a GPU b is about 0 (a forward over many tokens costs what one costs); on a CPU it is not, and a
+That cost includes the drafter catching up on the text it skipped while off: b target steps per skipped token, the
+fourth estimate, learned from the probes. On a GPU b is about 0 (a forward over many tokens costs what one costs); on a CPU it is not, and a
 later probe costs more than an early one. If b exceeds the budget, no spacing pays for probes and they stop.
 Everything is deterministic: no randomness, only the rounds it is shown.
 
@@ -133,6 +134,8 @@ class AdaptiveK:
     def observe(self, rnd: Round) -> None:
         t_target, t_draft = self.target_step.value, self.draft_step.value
         probing, self._probing = self._probing, False
+        if rnd.prefill_s:
+            self._lag = 0  # a new generation: the drafter has just read the whole prompt
         if rnd.drafted == 0:
             self.target_step.add(rnd.total_s, 1)
             self._lag += len(rnd.tokens)
@@ -142,9 +145,12 @@ class AdaptiveK:
         if self._lag == 0:
             self.draft_step.add(rnd.draft_s, rnd.drafted)
         elif t_target and t_draft:
-            self.catch_up.add(max(0.0, rnd.draft_s - rnd.drafted * t_draft) / t_target, self._lag)
+            # Capped at one draft step per skipped token (reading them one by one); a hiccup above it is noise.
+            extra = max(0.0, rnd.draft_s - rnd.drafted * t_draft) / t_target
+            self.catch_up.add(min(extra, self._lag * t_draft / t_target), self._lag)
         if t_target:
-            self.slope.add((rnd.total_s - rnd.draft_s) / t_target - 1, rnd.drafted)
+            # Capped at s = 1 (verifying K + 1 tokens costs at most K + 1 steps) for the same reason.
+            self.slope.add(min((rnd.total_s - rnd.draft_s) / t_target - 1, rnd.drafted), rnd.drafted)
             if probing:
                 self._credit -= rnd.total_s / t_target - len(rnd.tokens)
         self._lag = 0
@@ -157,8 +163,9 @@ class KSpecError(ValueError, argparse.ArgumentTypeError):
 
 def parse_k(text: str) -> int | Callable[[], KPolicy]:
     """Read a K setting: "4" -> 4 drafts per round; "auto" -> a factory of AdaptiveK() (max K 8); "auto:6" -> of
-    AdaptiveK(max_k=6). Call the factory once per generation (the policy learns during it) and pass the policy as
-    `k=` to spec.loop.speculate."""
+    AdaptiveK(max_k=6). Pass the policy as `k=` to spec.loop.speculate. A policy learns as it goes and its estimates
+    stay valid from one request to the next (same models, same machine): make one per server and decoding mode
+    (greedy or sampling, whose acceptance differs) and reuse it, rather than one per request that relearns each time."""
     text = text.strip().lower()
     if text == "auto" or text.startswith("auto:"):
         _, _, limit = text.partition(":")
