@@ -90,6 +90,20 @@ def test_the_first_rounds_time_a_draft_step_then_a_target_step():
     assert s == pytest.approx(0.0)
 
 
+def test_timings_after_skipped_text_go_to_catch_up_except_in_a_new_generation():
+    policy = AdaptiveK()
+    policy.observe(Round([1, 2], 1, 1, 0.002, 0.01, 0.012))  # draft step 2 ms
+    for _ in range(10):
+        policy.observe(Round([3], 0, 0, 0.0, 0.01, 0.01))  # target step 10 ms; the drafter skips 10 tokens
+    policy.observe(Round([4], 1, 0, 0.012, 0.01, 0.022))  # 10 ms more than a draft step: catching up
+    assert policy.catch_up.value == pytest.approx(0.1)  # target steps per skipped token
+    assert policy.draft_step.value == pytest.approx(0.002)
+    for _ in range(10):
+        policy.observe(Round([3], 0, 0, 0.0, 0.01, 0.01))
+    policy.observe(Round([4], 1, 0, 0.004, 0.01, 0.014, prefill_s=0.05))  # a new prompt, read in the prefill
+    assert policy.draft_step.value > 0.002 and policy.catch_up.value == pytest.approx(0.1)
+
+
 @pytest.mark.parametrize("text, want", [("0", 0), ("4", 4), (" 12 ", 12)])
 def test_parse_k_numbers(text, want):
     assert parse_k(text) == want
