@@ -865,7 +865,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     g = parser.add_argument_group("serving")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 exposes it)")
     g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/* and /metrics")
+    keys = g.add_mutually_exclusive_group()
+    keys.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/* and /metrics")
+    keys.add_argument("--api-key-file", help="the same, with the key read from a file (command lines are visible "
+                                             "to every local user; files can be private)")
     g.add_argument("--served-model-name", help="the model name clients send (default: the pair's name)")
     g.add_argument("--queue", type=int, default=16, help="requests that may wait for the worker; more get 429")
     g.add_argument("--request-timeout", type=float, default=600.0,
@@ -880,6 +883,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--queue, --request-timeout, --max-body and --max-model-len must be positive")
     if args.drain_seconds < 0:
         parser.error("--drain-seconds must be >= 0")
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file) as f:
+                args.api_key = f.read().strip()
+        except OSError as err:
+            parser.error(f"cannot read --api-key-file: {err.strerror}")
+        if not args.api_key:
+            parser.error(f"--api-key-file {args.api_key_file} is empty")
     return args
 
 

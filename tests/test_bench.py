@@ -51,8 +51,12 @@ def test_summary_arithmetic():
 
 
 @pytest.fixture(scope="module")
-def server():
-    srv = ServerProcess("--method", "draft", "--k", "3")
+def server(tmp_path_factory):
+    """With the key given as a file (--api-key-file), which the bench must then send."""
+    key_file = tmp_path_factory.mktemp("key") / "key"
+    key_file.write_text(KEY + "\n")
+    srv = ServerProcess("--method", "draft", "--k", "3", "--api-key-file", str(key_file), key=None)
+    srv.key = KEY
     yield srv
     srv.stop()
 
