@@ -35,6 +35,7 @@ SCOREBOARD = Path("SCOREBOARD.md")
 SCOREBOARD_HEAD = """# Scoreboard
 
 Rows are appended by `bench.py` (one per concurrency level); raw per-request timings are in `results/bench-*.json`.
+docs/serving.md gives the commands that produced each set of rows.
 Every request streams a chat completion; the note says the workload (prompt set × requests, max tokens, ignore_eos,
 temperature when not 0) and what changed.
 

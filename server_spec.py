@@ -772,7 +772,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
     @app.get("/v1/models", response_model=ModelList, responses=ERRORS)
     async def models():
         pair = need_ready()
-        served = ServedConfig(method=engine.method, k=str(engine.k) if isinstance(engine.k, int) else "auto",
+        k = "0" if engine.method == "none" else str(engine.k) if isinstance(engine.k, int) else "auto"
+        served = ServedConfig(method=engine.method, k=k,
                               dtype=str(pair.dtype).removeprefix("torch."), device=str(pair.device))
         card = ModelCard(id=model_name, created=created, max_model_len=context_length(pair),
                          speculation=served)
