@@ -28,6 +28,9 @@ def add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None:
     g.add_argument("--device", help="cuda, mps or cpu (default: the first available in that order)")
     g.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
                    help="default bfloat16 (float16 on mps; the tiny pair uses float32)")
+    g.add_argument("--backend", default="auto", choices=["auto", "eager", "graph"],
+                   help="eager: transformers forward + DynamicCache (everywhere); graph: static KV cache + CUDA graphs "
+                        "(CUDA, Llama/Qwen2); auto (default): graph where it can run, else eager")
     g.add_argument("--quiet", action="store_true", help="no progress bars or status lines")
 
 
@@ -38,6 +41,7 @@ def load_from_args(args: argparse.Namespace, with_draft: bool = True) -> Pair:
         return load_pair(
             args.pair, target=args.target, draft=getattr(args, "draft", None), device=args.device, dtype=args.dtype,
             with_draft=with_draft, allow_other_family=getattr(args, "allow_other_family", False),
+            backend=args.backend,
         )
     except ModelError as err:
         sys.exit(f"error: {err}")

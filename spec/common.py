@@ -618,8 +618,13 @@ def load_pair(
     dtype: str | None = None,
     with_draft: bool = True,
     allow_other_family: bool = False,
+    backend: str = "eager",
 ) -> Pair:
-    """Load a target and (optionally) a draft, check their tokenizers, and wrap both as `CachedModel`s."""
+    """Load a target and (optionally) a draft, check their tokenizers, and wrap both for the loop.
+
+    backend: `eager` (`CachedModel`: transformers' forward over a DynamicCache, runs everywhere), `graph` (static KV
+    cache + CUDA graphs, spec/graph.py) or `auto` (graph where it can run, else eager, saying why)."""
+    from spec.graph import make_model
     name, why = resolve_pair(pair)
     preset = PAIRS[name]
     dev = pick_device(device)
@@ -639,10 +644,11 @@ def load_pair(
                              allow_other_family)
         same_family = t.tokenizer.get_vocab() == d.tokenizer.get_vocab()
         draft_vocab = vocab if same_family else min(len(d.tokenizer), d_rows)
-        draft_model = CachedModel(d.model, draft_vocab, name="draft")
+        draft_model = make_model(d.model, draft_vocab, backend, name="draft")
         draft_tokenizer = None if same_family else d.tokenizer
     return Pair(
-        name=name, target=CachedModel(t.model, vocab, name="target"), draft=draft_model, tokenizer=t.tokenizer,
+        name=name, target=make_model(t.model, vocab, backend, name="target"), draft=draft_model,
+        tokenizer=t.tokenizer,
         eos=eos_ids(t.model, t.tokenizer), device=dev, dtype=dt, load_seconds=seconds, why=why,
         draft_tokenizer=draft_tokenizer,
     )
