@@ -508,21 +508,23 @@ class Engine:
                 drafted += rnd.drafted
                 accepted += rnd.kept
                 self.metrics.round(rnd.drafted, rnd.kept)
+                # One delta per round, as the round's tokens arrive together (a chunk may carry several tokens).
+                # Tokens go through the detokeniser one at a time so that a stop string ends the count exactly.
+                deltas = []
                 for token in rnd.tokens:
                     count += 1
                     delta, stopped = text.push(token)
-                    if delta:
-                        job.post(delta)
+                    deltas.append(delta)
                     if stopped:
                         finish = "stop"
                         break
-                if finish:
-                    break
-                if rnd.finish:
+                if rnd.finish and not finish:
                     delta, stopped = text.finish()
-                    if delta:
-                        job.post(delta)
+                    deltas.append(delta)
                     finish = "stop" if stopped else rnd.finish
+                if "".join(deltas):
+                    job.post("".join(deltas))
+                if finish:
                     break
                 if job.cancel.is_set():
                     self.metrics.add("request_cancelled")
