@@ -52,8 +52,9 @@ def doc_files() -> list[Path]:
 
 
 def shown_commands(text: str) -> list[tuple[int, str]]:
-    """(line number, command) of each `python -m spec.` line in a fenced shell block; continuation lines joined,
-    a leading `$ ` prompt removed."""
+    """(line number, command) of each `python -m spec.` command in a fenced shell block: a line, or a part of a
+    line chained with `&&` (`pip install ... && python -m spec.x`); continuation lines joined, a `$ ` prompt
+    removed."""
     found, fence, pending, start = [], None, "", 0
     for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
@@ -68,8 +69,7 @@ def shown_commands(text: str) -> list[tuple[int, str]]:
         if pending.endswith("\\"):
             pending = pending[:-1].rstrip() + " "
             continue
-        if pending.startswith(PREFIX):
-            found.append((start, pending))
+        found += [(start, part.strip()) for part in pending.split("&&") if part.strip().startswith(PREFIX)]
         pending = ""
     return found
 
@@ -190,13 +190,14 @@ def test_commands_are_collected_from_shell_fences_only():
         "    --limit 6   # a comment",
         "python server_spec.py --pair llama",
         "$ python -m spec.calc --alpha 0.7 --c 0.1",
+        "pip install -e . && python -m spec.check_pair",
         "```",
         "```python",
         "python -m spec.lookup",
         "```",
     ])
     assert shown_commands(text) == [(3, "python -m spec.spec_greedy --pair qwen-coder --limit 6   # a comment"),
-                                    (6, "python -m spec.calc --alpha 0.7 --c 0.1")]
+                                    (6, "python -m spec.calc --alpha 0.7 --c 0.1"), (7, "python -m spec.check_pair")]
 
 
 def test_commands_are_rewritten_to_the_tiny_pair_and_shrunk():
