@@ -252,11 +252,15 @@ def long_stream(server, client: httpx.Client, max_tokens: int = LONG):
     return client.stream("POST", f"{server.url}/v1/completions", json=body, headers=server.headers())
 
 
-def first_text(response: httpx.Response) -> None:
-    """Read the stream until the first text arrives: the request is then running in the worker."""
-    for line in response.iter_lines():
+def first_text(response: httpx.Response):
+    """Read the stream until the first text arrives: the request is then running in the worker. Returns the line
+    iterator, which the caller must hold while the request should keep running: once it is dropped, httpx closes
+    the connection, and the server (rightly) cancels the request."""
+    lines = response.iter_lines()
+    for line in lines:
         if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["text"]:
-            return
+            return lines
+    raise AssertionError("the stream ended without text")
 
 
 def test_disconnect_mid_stream_frees_the_worker(server):
@@ -277,7 +281,7 @@ def test_disconnect_while_waiting_non_streaming(server):
     """A non-streamed request whose client leaves is cancelled too (here while it waits in the queue)."""
     before = server.metrics()
     with httpx.Client(timeout=120) as client, long_stream(server, client) as running:
-        first_text(running)
+        lines = first_text(running)  # noqa: F841 (held: the running request stays connected)
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{server.url}/v1/completions", headers=server.headers(), timeout=1.0,
                        json={"model": "tiny", "prompt": "y", "max_tokens": LONG, "ignore_eos": True})
@@ -290,7 +294,7 @@ def test_disconnect_while_waiting_non_streaming(server):
 def test_queue_full_is_429(server):
     with httpx.Client(timeout=120) as client:
         with long_stream(server, client) as running:
-            first_text(running)  # the worker is busy; the queue holds 2
+            lines = first_text(running)  # noqa: F841 (held: the worker stays busy with it; the queue holds 2)
             with long_stream(server, client) as waiting1, long_stream(server, client) as waiting2:
                 assert waiting1.status_code == waiting2.status_code == 200
                 with pytest.raises(openai.RateLimitError) as caught:
