@@ -59,9 +59,14 @@ class Machine:
         """FLOP per byte above which a forward is compute-bound; for the 8B in bf16 also the token count n."""
         return self.peak / self.bandwidth
 
+    @property
+    def step_ms(self) -> float:
+        """The memory floor of one decode step: every weight read once."""
+        return LLAMA_8B_BYTES / self.bandwidth * 1e3
+
     def forward_ms(self, n: np.ndarray) -> np.ndarray:
         """Roofline time of one 8B forward over n tokens [..] -> ms [..]: weights read once, 2 FLOP/param/token."""
-        return np.maximum(LLAMA_8B_BYTES / self.bandwidth, 2 * LLAMA_8B_PARAMS * n / self.peak) * 1e3
+        return np.maximum(self.step_ms, 2 * LLAMA_8B_PARAMS * n / self.peak * 1e3)
 
 
 MACHINES = [
@@ -164,7 +169,7 @@ def draw_speedup(rows: list[dict], path: Path) -> None:
 def roofline_numbers() -> list[dict]:
     """Per machine: the memory floor of one 8B step (ms), its decode ceiling (tok/s) and its ridge point."""
     return [{"machine": m.name, "bandwidth_gb_s": m.bandwidth / 1e9, "peak_tflop_s": m.peak / 1e12,
-             "step_ms": float(m.forward_ms(np.array(1.0))), "tok_s": 1e3 / float(m.forward_ms(np.array(1.0))),
+             "step_ms": m.step_ms, "tok_s": 1e3 / m.step_ms,
              "ridge_flop_per_byte": m.ridge, "source": m.source} for m in MACHINES]
 
 
@@ -178,8 +183,7 @@ def draw_roofline(path: Path) -> None:
         left.plot(intensity, np.minimum(machine.peak, machine.bandwidth * intensity) / 1e12, color=color,
                   label=f"{machine.name}: ridge {machine.ridge:.0f} FLOP/byte")
         right.plot(n, machine.forward_ms(n), color=color,
-                   label=f"{machine.name}: {float(machine.forward_ms(np.array(1.0))):.2f} ms floor "
-                         f"(≤ {1e3 / float(machine.forward_ms(np.array(1.0))):.1f} tok/s)")
+                   label=f"{machine.name}: {machine.step_ms:.2f} ms floor (≤ {1e3 / machine.step_ms:.1f} tok/s)")
         right.axvline(machine.ridge, color=color, ls=":", lw=1)
     for tokens, label in ((1, "decode step (n = 1)"), (5, "verify K + 1 = 5")):
         left.axvline(tokens, color="gray", ls="--", lw=1)
@@ -190,7 +194,7 @@ def draw_roofline(path: Path) -> None:
     for (label, points), marker in zip(H200_MEASURED.items(), ("o", "s")):
         right.plot(list(points), list(points.values()), marker, color="#e6550d", mfc="none",
                    label=f"H200 measured, {label}")
-    right.set(xscale="log", yscale="log", xlabel="tokens scored in one forward (n)", ylabel="ms per forward")
+    right.set(yscale="log", xlabel="tokens scored in one forward (n)", ylabel="ms per forward")
     right.set_xscale("log", base=2)
     right.set_title("Llama 3.1 8B bf16: max(16.06 GB / bandwidth, 2 x 8.03 G x n / peak)", fontsize=9)
     for ax in (left, right):
