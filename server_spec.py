@@ -417,7 +417,10 @@ class Engine:
 
     def __init__(self, method: str, k, queue_size: int, request_timeout: float):
         self.method = method
-        self.k = k  # an int, or a factory of a fresh KPolicy per generation (spec.policy.parse_k)
+        self.k = k  # an int, or a factory of an adaptive KPolicy (spec.policy.parse_k)
+        # One adaptive policy per decoding mode, kept across requests: its estimates of alpha and c stay valid from
+        # one request to the next (same models, same machine), and greedy and sampling accept at different rates.
+        self.policies: dict[bool, object] = {}
         self.request_timeout = request_timeout
         self.queue: queue.Queue[Job] = queue.Queue(maxsize=queue_size)
         self.metrics = Metrics()
@@ -427,6 +430,14 @@ class Engine:
         self.draining = False
         self.drain_deadline = float("inf")
         self.thread: threading.Thread | None = None
+
+    def k_for(self, sampling):
+        """The K setting for one generation: the fixed K, or this decoding mode's long-lived adaptive policy."""
+        if isinstance(self.k, int):
+            return self.k
+        if sampling.greedy not in self.policies:
+            self.policies[sampling.greedy] = self.k()
+        return self.policies[sampling.greedy]
 
     @property
     def ready(self) -> bool:
@@ -500,8 +511,9 @@ class Engine:
         count = drafted = accepted = rounds_seen = 0
         finish = None
         rounds = speculate(pair.target, self.drafter, job.prompt, job.max_tokens,
-                           k=self.k if isinstance(self.k, int) else self.k(), sampling=job.sampling,
-                           generator=generator, eos=() if job.ignore_eos else pair.eos, timing=False)
+                           k=self.k_for(job.sampling), sampling=job.sampling,
+                           generator=generator, eos=() if job.ignore_eos else pair.eos,
+                           timing=not isinstance(self.k, int))  # adaptive K learns from synced phase times
         try:
             for rnd in rounds:
                 rounds_seen += 1
