@@ -44,11 +44,12 @@ def _byte_level_table() -> dict[str, int]:
 
 def _is_byte_level(tokenizer) -> bool:
     """True when the tokenizer's decoder is byte-level BPE (vocabulary entries spell bytes as characters)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    if decoder is None:
         return False
-    decoder = json.loads(backend.to_str()).get("decoder") or {}
-    parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+    # The decoder's own JSON (what pickling uses); the whole tokenizer's JSON would serialise the vocabulary too.
+    config = json.loads(decoder.__getstate__())
+    parts = config.get("decoders", [config])
     return any(part.get("type") == "ByteLevel" for part in parts)
 
 
@@ -56,11 +57,12 @@ def token_keys(tokenizer, size: int) -> list[bytes | tuple | None]:
     """What each id [0, size) stands for: its bytes, ("special", text) for special tokens, None if unknown.
 
     Byte-level vocabularies spell bytes as printable characters; SentencePiece vocabularies (Gemma, Llama 2) use
-    "▁" for a space and "<0xNN>" for a raw byte. Either way two tokens of different families with the same key
-    mean the same text.
+    "▁" for a space and "<0xNN>" for a raw byte; added tokens that are not special (Gemma's "\n", "\n\n", ...)
+    are their text. Two tokens of different families with the same key mean the same text.
     """
     pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
-    special = set(tokenizer.all_special_ids) | {int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})}
+    added = {int(i): token for i, token in tokenizer.added_tokens_decoder.items()}
+    special = set(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
     table = _byte_level_table() if _is_byte_level(tokenizer) else None
     keys: list[bytes | tuple | None] = []
     for i, piece in enumerate(pieces):
@@ -68,6 +70,8 @@ def token_keys(tokenizer, size: int) -> list[bytes | tuple | None]:
             keys.append(None)
         elif i in special:
             keys.append(("special", piece))
+        elif i in added:
+            keys.append(added[i].content.encode())
         elif table is not None:
             keys.append(bytes(table[c] for c in piece) if all(c in table for c in piece) else None)
         elif match := _BYTE_PIECE.fullmatch(piece):
@@ -122,9 +126,10 @@ class RemappedDrafter:
         return ids[common:]
 
     def prefill(self, ids: Sequence[int]) -> None:
-        if len(ids):
-            self.cached = self.express(ids)
-            self.model.forward(self.cached, keep=1)
+        encoded = self.express(ids) if len(ids) else []
+        if encoded:
+            self.model.forward(encoded, keep=1)
+        self.cached = encoded
 
     def propose(self, seq, k, sampling, generator):
         drafts, dists = [], []

@@ -1,0 +1,448 @@
+"""t5: chi-square proof that speculative sampling emits exactly the target's distribution — and that the proof bites.
+
+    python -m spec.dist_test                       # (a) + (b) with every Break-It variant
+    python -m spec.dist_test --break no-rollback   # the correct code and one bug
+    python -m spec.dist_test --no-real             # skip loading the real pair
+
+(a) The rule alone (`spec.rules.accept_or_fix`, one drafted position, 10^5 vectorised rounds by default) on
+    six-token toy vectors with alpha = sum min(p, q) = 0.7 — the draft over-proposes tokens 2 and 3 and
+    under-proposes 0 and 1 — and on real p, q rows of the pair at the prefix where the two models disagree most.
+    The first emitted token must follow p. Real rows and the loop are warped by the sampling flags (default
+    temperature 1, top-p 0.95).
+(b) The whole loop (`spec.loop.generate`, K = 2, several rounds with rejections and rollbacks) on the tiny pair:
+    the joint law of the first three emitted tokens against the target's exact sequence probabilities,
+    P(x1) P(x2 | x1) P(x3 | x1, x2), each a warped conditional of the target alone.
+(c) Break-It (spec/breakit.py), each of which must be caught:
+    resample-p  — on rejection the fix is drawn from p, not from the residual. One position then emits
+                  min(p, q) + (1 - alpha) p   (alpha = sum_y min(p(y), q(y)));
+                  the tool checks that law too (its own chi-square must pass: the bug is understood, not just seen).
+                  A rule bug is tested on the rule: the loop calls spec.rules itself, and nothing here patches it.
+    softmax-q   — an argmax draft reported with q = softmax(logits); caught in (a) and in the loop (b).
+    no-rollback — rejected drafts stay in the target's KV cache; caught in the loop (b), and greedy identity with
+                  plain decoding breaks in the first round after a rejection (printed under the table).
+
+Binning: categories whose expected count is below 5 are pooled (`merge_bins`). A test passes when its p-value is at
+least 0.001. Power — the chance a test at this sample size and binning rejects a bug's law — comes from the
+noncentral chi-square with noncentrality n * sum_b (r_b - p_b)^2 / p_b: exact for the rule-level bugs, whose laws
+are known in closed form, and estimated from an independent seeded pilot run for the loop-level bugs. The design,
+sample sizes and results are in docs/exactness.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from scipy import stats
+
+from spec import log
+from spec.breakit import BUGS, SoftmaxQDrafter, StaleCacheModel, resample_from_p, resample_from_p_law, softmax_q_law
+from spec.cli import add_model_args, load_from_args, save_json, table
+from spec.common import CachedModel, ModelError, chat_ids, load_pair
+from spec.drafters import ModelDrafter, NoDrafter
+from spec.loop import generate
+from spec.rules import Sampling, accept_or_fix, warp
+
+LEVEL = 1e-3  # significance: a correct run is wrongly failed once in a thousand
+MIN_EXPECTED = 5  # bins with a smaller expected count are pooled
+POWER_GOAL = 0.99
+
+# Six tokens, alpha = 0.7. The draft over-proposes tokens 2 and 3 (q > p), under-proposes 0 and 1, matches 4 and 5;
+# no ties in q, so the softmax-q bug's argmax draft is well defined (token 2).
+TOY_P = (0.30, 0.25, 0.20, 0.10, 0.10, 0.05)
+TOY_Q = (0.10, 0.15, 0.32, 0.28, 0.10, 0.05)
+
+REAL_PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a short docstring."
+LOOP_PROMPT = "def add(a, b):"
+
+
+# ---- statistics ------------------------------------------------------------------------------------------------
+
+
+def merge_bins(probs: np.ndarray, n: int) -> np.ndarray:
+    """Bin of each category [C] (int): categories expecting >= MIN_EXPECTED of n draws keep their own bin, the rest
+    share one pooled bin, which joins the smallest own bin if it is itself too small."""
+    probs = np.asarray(probs, dtype=np.float64)
+    big = np.flatnonzero(probs * n >= MIN_EXPECTED)
+    if len(big) < 2:
+        raise ValueError(f"{n} draws are too few: fewer than two categories expect {MIN_EXPECTED} or more")
+    bins = np.full(len(probs), len(big), dtype=np.int64)  # everything starts in the pooled bin
+    bins[big] = np.arange(len(big))
+    pooled = bins == len(big)
+    # A pooled bin expecting too little (or nothing: tokens only q can propose) joins the smallest own bin, where
+    # any draw a bug makes of it still shows.
+    if pooled.any() and probs[pooled].sum() * n < MIN_EXPECTED:
+        bins[pooled] = int(np.argmin(probs[big]))
+    return bins
+
+
+@dataclass
+class Check:
+    """One chi-square test and its verdict."""
+
+    part: str  # a / b / c
+    case: str
+    variant: str  # "correct" or a Break-It name
+    n: int
+    bins: int
+    chi2: float
+    df: int
+    p_value: float
+    expect: str  # "pass" or "fail"
+    power: float | None = None  # P(reject | the bug's law) at this n and binning; None for the correct code
+
+    @property
+    def verdict(self) -> str:
+        return "pass" if self.p_value >= LEVEL else "FAIL"
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.lower() == self.expect
+
+    def row(self) -> dict:
+        return {**asdict(self), "verdict": self.verdict, "as_expected": "yes" if self.ok else "NO"}
+
+
+def chi_square(categories: np.ndarray, probs: np.ndarray, bins: np.ndarray) -> tuple[float, int, float]:
+    """Pearson chi-square of observed categories [n] (ints) against probs [C] under a binning [C] -> (chi2, df, p)."""
+    n = len(categories)
+    n_bins = int(bins.max()) + 1
+    observed = np.bincount(bins[categories], minlength=n_bins)
+    expected = np.bincount(bins, weights=np.asarray(probs, dtype=np.float64), minlength=n_bins)
+    expected = expected / expected.sum() * n  # float rounding must not show up as a discrepancy
+    result = stats.chisquare(observed, expected)
+    return float(result.statistic), n_bins - 1, float(result.pvalue)
+
+
+def power(probs: np.ndarray, law: np.ndarray, bins: np.ndarray, n: int) -> float:
+    """P(the test rejects at LEVEL) when n draws really follow `law` [C] instead of `probs` [C] (noncentral chi2)."""
+    n_bins = int(bins.max()) + 1
+    p_b = np.bincount(bins, weights=np.asarray(probs, dtype=np.float64), minlength=n_bins)
+    r_b = np.bincount(bins, weights=np.asarray(law, dtype=np.float64), minlength=n_bins)
+    p_b, r_b = p_b / p_b.sum(), r_b / r_b.sum()
+    return noncentral_power(n * float(((r_b - p_b) ** 2 / p_b).sum()), n_bins - 1)
+
+
+def noncentral_power(noncentrality: float, df: int) -> float:
+    critical = stats.chi2.isf(LEVEL, df)
+    return float(stats.ncx2.sf(critical, df, max(noncentrality, 1e-12)))
+
+
+def pilot_power(pilot: np.ndarray, probs: np.ndarray, bins: np.ndarray, n: int) -> float:
+    """Power at n against a bug whose law is only known through an independent pilot sample [m] of categories.
+
+    The plug-in distance sum_b (r_b - p_b)^2 / p_b from m draws overstates the true one by about
+    sum_b r_b (1 - r_b) / (m p_b); that bias is subtracted before scaling to n draws.
+    """
+    m = len(pilot)
+    n_bins = int(bins.max()) + 1
+    p_b = np.bincount(bins, weights=np.asarray(probs, dtype=np.float64), minlength=n_bins)
+    p_b = p_b / p_b.sum()
+    r_b = np.bincount(bins[pilot], minlength=n_bins) / m
+    distance = ((r_b - p_b) ** 2 / p_b).sum() - (r_b * (1 - r_b) / (m * p_b)).sum()
+    return noncentral_power(n * float(distance), n_bins - 1)
+
+
+# ---- (a) the rule alone ----------------------------------------------------------------------------------------
+
+RULES: dict[str, Callable] = {"correct": accept_or_fix, "resample-p": resample_from_p, "softmax-q": accept_or_fix}
+
+
+def first_tokens(
+    p: torch.Tensor, q: torch.Tensor | None, variant: str, n: int, generator: torch.Generator
+) -> np.ndarray:
+    """The first emitted token of n independent one-draft rounds [n] under one variant.   p, q: [V]
+
+    The draft is sampled from q (argmax of q for softmax-q; q None means a one-hot drafter whose draft is the
+    argmax of p, as prompt lookup would propose). Rounds run in chunks of about 2^25 probabilities, so that real
+    rows (V ~ 150k) fit in memory and toy rows run in one go.
+    """
+    rule = RULES[variant]
+    vocab = p.shape[-1]
+    chunk = max(1, (1 << 25) // vocab)
+    out = []
+    with log.bar(total=n, desc=f"rule {variant}", unit="draw") as bar:
+        for start in range(0, n, chunk):
+            b = min(chunk, n - start)
+            if q is None:
+                drafts = p.argmax().repeat(b)
+            elif variant == "softmax-q":
+                drafts = q.argmax().repeat(b)
+            else:
+                drafts = torch.multinomial(q, b, replacement=True, generator=generator)
+            rows_p = p.expand(b, 2, vocab)  # position 1 and the bonus position: the same row suffices here
+            rows_q = None if q is None else q.expand(b, 1, vocab)
+            n_kept, nxt = rule(rows_p, rows_q, drafts[:, None], generator)
+            out.append(torch.where(n_kept > 0, drafts, nxt))
+            bar.update(b)
+    return torch.cat(out).cpu().numpy()
+
+
+def rule_checks(case: str, p: torch.Tensor, q: torch.Tensor, variants: Sequence[str], n: int, seed: int) -> list[Check]:
+    """(a) and the rule half of (c) on one pair of rows p, q [V]: the correct rule with sampled and with one-hot
+    drafts, then each rule-level bug — and resample-p against the law its docstring predicts. Category ids in the
+    draws are positions in the support of p and q, not token ids."""
+    # Columns where p = q = 0 can be drawn by no variant (nor proposed); dropping them changes no law, and turns
+    # a top-p-warped real row of ~150k columns into a few hundred, so 10^5 rounds take seconds, not an hour.
+    support = (p > 0) | (q > 0)
+    p, q = p[support], q[support]
+    p32, q32 = p.float(), q.float()
+    probs = p.double().cpu().numpy()
+    checks = []
+
+    def run(part, label, variant, draws, law=None, against=probs, expect="pass"):
+        bins = merge_bins(against, n)
+        chi2, df, pv = chi_square(draws, against, bins)
+        pw = None if law is None else power(against, law, bins, n)
+        checks.append(Check(part, label, variant, n, df + 1, chi2, df, pv, expect, pw))
+
+    def draw(variant, one_hot=False):
+        return first_tokens(p32, None if one_hot else q32, variant, n, torch.Generator().manual_seed(seed))
+
+    run("a", case, "correct", draw("correct"))
+    run("a", f"{case}, one-hot q", "correct", draw("correct", one_hot=True))
+    if "resample-p" in variants:
+        law = resample_from_p_law(p.double(), q.double()).cpu().numpy()
+        draws = draw("resample-p")
+        run("c", case, "resample-p", draws, law=law, expect="fail")
+        run("c", f"{case}, vs min(p,q)+(1-a)p", "resample-p", draws, against=law)
+    if "softmax-q" in variants:
+        law = softmax_q_law(p.double(), q.double()).cpu().numpy()
+        run("c", case, "softmax-q", draw("softmax-q"), law=law, expect="fail")
+    return checks
+
+
+def real_rows(pair, sampling: Sampling, prompt: str, positions: int = 16) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """p and q rows [V] of the pair at the prefix where they disagree most (lowest alpha) among the first
+    `positions` tokens of the target's greedy answer to `prompt`; also returns that position."""
+    ids = chat_ids(pair.tokenizer, prompt)
+    result = generate(pair.target, NoDrafter(pair.device), ids, positions, k=0, timing=False)
+    text = ids + result.tokens
+    pair.target.reset()
+    pair.draft.reset()
+    start = len(ids) - 1  # the row predicting the first answer token
+    p = warp(pair.target.forward(text[:-1])[start:], sampling)  # [positions, V]
+    q = warp(pair.draft.forward(text[:-1])[start:], sampling)
+    pair.target.reset()
+    pair.draft.reset()
+    alpha = torch.minimum(p, q).sum(-1)
+    at = int(alpha.argmin())
+    return p[at], q[at], at
+
+
+# ---- (b) the whole loop ----------------------------------------------------------------------------------------
+
+
+def sequence_law(target: CachedModel, prompt: Sequence[int], depth: int, sampling: Sampling, n: int):
+    """The target's exact law of the first `depth` tokens, as a tree cut where expected counts fall below
+    MIN_EXPECTED of n draws.
+
+    Returns (nodes, probs): nodes is a list of prefixes (tuples, the root () first), probs [len(nodes)] the
+    probability of the event "the deepest listed prefix of the output is this node" — a partition of all outputs,
+    so probs sum to 1. Each expanded node costs one target forward over its few tokens.
+    """
+    prompt = list(prompt)
+    target.reset()
+    if len(prompt) > 1:
+        target.forward(prompt[:-1], keep=1)
+    base = target.length
+    mass = {(): 1.0}
+    frontier = [()]
+    for _ in range(depth):
+        grown = []
+        for prefix in frontier:
+            logits = target.forward([prompt[-1], *prefix], keep=1)[-1]
+            target.rollback(base)
+            cond = warp(logits, sampling).double().cpu().numpy()
+            for token in np.flatnonzero(n * mass[prefix] * cond >= MIN_EXPECTED):
+                child = (*prefix, int(token))
+                mass[child] = mass[prefix] * float(cond[token])
+                grown.append(child)
+        frontier = grown
+    target.reset()
+    nodes = list(mass)
+    own = dict(mass)
+    for node in nodes[1:]:
+        own[node[:-1]] -= mass[node]  # a parent's own event excludes its listed children
+    return nodes, np.clip(np.array([own[node] for node in nodes]), 0.0, None)
+
+
+def categorize(outputs: Sequence[Sequence[int]], nodes: list[tuple], depth: int) -> np.ndarray:
+    """The node of each output [n]: its deepest prefix (up to `depth` tokens) that is a listed node."""
+    index = {node: i for i, node in enumerate(nodes)}
+    out = []
+    for tokens in outputs:
+        tokens = tuple(tokens[:depth])
+        length = len(tokens)
+        while tokens[:length] not in index:
+            length -= 1
+        out.append(index[tokens[:length]])
+    return np.array(out, dtype=np.int64)
+
+
+def loop_outputs(target: CachedModel, drafter, prompt, depth: int, k: int, sampling: Sampling, n: int, seed: int,
+                 desc: str) -> list[list[int]]:
+    """The first `depth` tokens of n seeded generations through the real loop (one generator for all n)."""
+    generator = torch.Generator().manual_seed(seed)
+    outputs = []
+    for _ in log.bar(iterable=range(n), desc=desc, unit="run"):
+        outputs.append(generate(target, drafter, prompt, depth, k=k, sampling=sampling, generator=generator,
+                                timing=False).tokens)
+    return outputs
+
+
+def loop_variant(pair, variant: str):
+    """The (target, drafter) of one variant over the tiny pair's weights."""
+    if variant == "softmax-q":
+        return pair.target, SoftmaxQDrafter(pair.draft)
+    if variant == "no-rollback":
+        return StaleCacheModel.wrap(pair.target), ModelDrafter(pair.draft)
+    return pair.target, ModelDrafter(pair.draft)
+
+
+@contextmanager
+def one_thread():
+    """Run torch on one intra-op thread for a while. The tiny pair's 64-wide layers gain nothing from threads, and
+    on a busy 2-core machine the hand-offs made each generation ~10x slower (650 vs 57 ms measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@one_thread()
+def loop_checks(pair, variants: Sequence[str], n: int, seed: int, sampling: Sampling, depth: int = 3,
+                k: int = 2) -> list[Check]:
+    """(b)/(c): the loop's first `depth` tokens against the exact law, for the correct code and each loop-level
+    bug; a bug's power is estimated from an independent pilot of n runs (seed + 1)."""
+    prompt = pair.tokenizer(LOOP_PROMPT).input_ids
+    nodes, probs = sequence_law(pair.target, prompt, depth, sampling, n)
+    bins = merge_bins(probs, n)
+    checks = []
+    for variant in ["correct", *[v for v in variants if v in ("softmax-q", "no-rollback")]]:
+        target, drafter = loop_variant(pair, variant)
+        cats = categorize(loop_outputs(target, drafter, prompt, depth, k, sampling, n, seed, f"loop {variant}"),
+                          nodes, depth)
+        chi2, df, pv = chi_square(cats, probs, bins)
+        pw = None
+        if variant != "correct":
+            extra = loop_outputs(target, drafter, prompt, depth, k, sampling, n, seed + 1, f"pilot {variant}")
+            pw = pilot_power(categorize(extra, nodes, depth), probs, bins, n)
+        correct = variant == "correct"
+        checks.append(Check("b" if correct else "c", f"tiny loop, first {depth} tokens, K={k}", variant, n, df + 1,
+                            chi2, df, pv, "pass" if correct else "fail", pw))
+    return checks
+
+
+@one_thread()
+def greedy_identity_break(pair, max_new_tokens: int = 24, k: int = 4) -> dict:
+    """Greedy decoding through a no-rollback target vs plain greedy decoding on the tiny pair: the round in which
+    they first differ (None if never), and the round of the first rejection."""
+    prompt = pair.tokenizer(LOOP_PROMPT).input_ids
+    plain = generate(pair.target, ModelDrafter(pair.draft), prompt, max_new_tokens, k=0, timing=False).tokens
+    broken = generate(StaleCacheModel.wrap(pair.target), ModelDrafter(pair.draft), prompt, max_new_tokens, k=k,
+                      timing=False)
+    first_reject = first_diverge = None
+    done = 0
+    for number, rnd in enumerate(broken.rounds, 1):
+        if first_reject is None and rnd.kept < rnd.drafted:
+            first_reject = number
+        if first_diverge is None and rnd.tokens != plain[done : done + len(rnd.tokens)]:
+            first_diverge = number
+        done += len(rnd.tokens)
+    return {"first_rejection_round": first_reject, "first_divergence_round": first_diverge,
+            "identical": broken.tokens == plain}
+
+
+# ---- the task --------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m spec.dist_test",
+        description="Chi-square tests that speculative sampling reproduces the target's distribution exactly "
+        "(the rule alone, on toy and real rows; the whole loop on the tiny pair), and that each deliberately wrong "
+        "Break-It variant is caught. A test passes when p >= 0.001; 'power' is the probability of catching the "
+        "bug at this sample size.",
+    )
+    parser.add_argument("--break", dest="bugs", default="all", choices=["all", "none", *BUGS],
+                        help="which Break-It variants to run next to the correct code (default all). "
+                        + "; ".join(f"{k}: {v}" for k, v in BUGS.items()))
+    parser.add_argument("--n", type=int, default=100_000, help="rounds per rule test (a) (default 100000)")
+    parser.add_argument("--loop-n", type=int, default=2000, help="generations per loop test (b) (default 2000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every test (pilots use seed + 1)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    parser.add_argument("--top-k", type=int, default=0, help="top-k warp, 0 = off")
+    parser.add_argument("--top-p", type=float, default=0.95,
+                        help="top-p warp, 1 = off (default 0.95: a common setting, and it keeps the real rows' support "
+                        "small enough for 10^5 rounds in seconds; with 1 the full vocabulary makes them take an hour)")
+    parser.add_argument("--no-real", action="store_true", help="skip the real-row test (no pair is loaded)")
+    parser.add_argument("--prompt", default=REAL_PROMPT, help="prompt whose answer gives the real rows")
+    add_model_args(parser)
+    args = parser.parse_args(argv)
+    if args.n < 100 or args.loop_n < 100:
+        parser.error("--n and --loop-n must be at least 100")
+    if args.temperature <= 0:
+        parser.error("--temperature must be > 0: these are tests of sampling (greedy identity is t3's job)")
+    try:
+        args.sampling = Sampling(args.temperature, args.top_k, args.top_p)
+    except ValueError as err:
+        parser.error(str(err))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    log.QUIET = args.quiet
+    variants = list(BUGS) if args.bugs == "all" else [] if args.bugs == "none" else [args.bugs]
+    checks: list[Check] = []
+    extra: dict = {}
+
+    toy_p, toy_q = torch.tensor(TOY_P, dtype=torch.float64), torch.tensor(TOY_Q, dtype=torch.float64)
+    checks += rule_checks("toy, alpha 0.7", toy_p, toy_q, variants, args.n, args.seed)
+
+    if not args.no_real:
+        pair = load_from_args(args)
+        if pair.draft_tokenizer is not None:
+            sys.exit("error: the real-row test needs a same-family draft (drop --allow-other-family)")
+        p, q, at = real_rows(pair, args.sampling, args.prompt)
+        alpha = float(torch.minimum(p, q).sum())
+        extra["real_rows"] = {"pair": pair.name, "answer_position": at, "alpha": alpha, "vocab": p.shape[-1]}
+        checks += rule_checks(f"{pair.name} rows, alpha {alpha:.2f}", p, q, variants, args.n, args.seed)
+        del pair
+
+    try:
+        tiny = load_pair("tiny", device=args.device)
+    except ModelError as err:
+        sys.exit(f"error: {err}")
+    checks += loop_checks(tiny, variants, args.loop_n, args.seed, args.sampling)
+    if "no-rollback" in variants:
+        extra["no_rollback_greedy"] = greedy_identity_break(tiny)
+
+    rows = [c.row() for c in checks]
+    print(table(rows, [("part", ""), ("case", ""), ("variant", ""), ("n", "d"), ("bins", "d"), ("chi2", ".1f"),
+                       ("df", "d"), ("p_value", ".3g"), ("verdict", ""), ("expect", ""), ("power", ".4f"),
+                       ("as_expected", "")]))
+    if "no_rollback_greedy" in extra:
+        g = extra["no_rollback_greedy"]
+        print(f"\nno-rollback, greedy on tiny: first rejection in round {g['first_rejection_round']}, output first "
+              f"differs from plain decoding in round {g['first_divergence_round']}")
+    weak = [c for c in checks if c.power is not None and c.power < POWER_GOAL]
+    if weak:
+        print(f"\nwarning: power below {POWER_GOAL} for " + ", ".join(f"{c.case}/{c.variant}" for c in weak))
+    path = save_json("dist_test", {"args": {k: v for k, v in vars(args).items() if k != "sampling"},
+                                   "level": LEVEL, "checks": rows, **extra})
+    ok = all(c.ok for c in checks)
+    print(f"\n{'all verdicts as expected' if ok else 'SOME VERDICTS UNEXPECTED'}; saved {path}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""t5's statistics: binning, chi-square and power, the rule on toy rows, and the whole loop on the tiny pair.
+
+Every chi-square test runs with a fixed seed: the correct code must pass and every Break-It variant must fail, at
+sample sizes where the power against each bug is at least 0.99 (asserted next to the verdict).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from spec import dist_test as dt
+from spec.breakit import BUGS, resample_from_p_law, softmax_q_law
+from spec.common import load_pair
+from spec.rules import Sampling, warp
+
+RULE_N = 20_000  # rounds per rule test here (the CLI uses 10^5)
+LOOP_N = 400  # generations per loop test here (the CLI uses 2000)
+LOOP_SAMPLING = Sampling(1.5)  # flatter than the CLI's 1.0: the softmax-q bug shows more, so 400 runs suffice
+SEED = 0
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_pair("tiny", device="cpu")
+
+
+def toy() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.tensor(dt.TOY_P, dtype=torch.float64), torch.tensor(dt.TOY_Q, dtype=torch.float64)
+
+
+def test_toy_vectors_are_as_the_issue_asks():
+    p, q = toy()
+    assert p.sum() == pytest.approx(1) and q.sum() == pytest.approx(1) and len(p) == 6
+    assert float(torch.minimum(p, q).sum()) == pytest.approx(0.7)
+    assert (q > p).any() and (q < p).any()  # over- and under-proposed tokens
+    assert int((q == q.max()).sum()) == 1  # a unique argmax for the softmax-q bug
+
+
+def test_merge_bins_pools_small_categories():
+    bins = dt.merge_bins(np.array([0.5, 0.3, 0.15, 0.04, 0.01]), 100)  # expected 50, 30, 15, 4, 1
+    assert bins.tolist() == [0, 1, 2, 3, 3]
+    # A pooled bin that is itself too small joins the smallest own bin.
+    bins = dt.merge_bins(np.array([0.6, 0.36, 0.04]), 100)  # expected 60, 36, 4
+    assert bins.tolist() == [0, 1, 1]
+    # Categories only the draft can propose (p = 0) must not form a bin expecting nothing (0/0 in the statistic).
+    bins = dt.merge_bins(np.array([0.5, 0.5, 0.0]), 100)
+    assert bins.tolist() == [0, 1, 0]
+    with pytest.raises(ValueError, match="too few"):
+        dt.merge_bins(np.array([0.5, 0.5]), 6)
+
+
+def test_chi_square_and_power_on_known_counts():
+    probs = np.array([0.5, 0.5])
+    bins = np.array([0, 1])
+    chi2, df, p_value = dt.chi_square(np.array([0] * 60 + [1] * 40), probs, bins)
+    assert (chi2, df) == (pytest.approx(4.0), 1) and p_value == pytest.approx(0.0455, abs=1e-3)
+    # No difference: the test rejects exactly at its level; a large difference: almost surely.
+    assert dt.power(probs, probs, bins, 1000) == pytest.approx(dt.LEVEL, rel=1e-3)
+    assert dt.power(probs, np.array([0.6, 0.4]), bins, 1000) > 0.99
+    assert dt.power(probs, np.array([0.51, 0.49]), bins, 1000) < 0.1
+
+
+def test_bug_laws_by_hand():
+    p = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    q = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    # resample-p: keep token 0 half the time; otherwise redraw from p, which gives 0 again half the time.
+    assert resample_from_p_law(p, q).tolist() == pytest.approx([0.75, 0.25])
+    # softmax-q: the argmax 0 is kept with p/q = 0.5, the residual max(0, p - q) is all on token 1.
+    assert softmax_q_law(p, q).tolist() == pytest.approx([0.5, 0.5])
+    q = torch.tensor([0.2, 0.8], dtype=torch.float64)  # argmax 1, kept with 0.5/0.8; residual all on 0
+    assert softmax_q_law(p, q).tolist() == pytest.approx([0.375, 0.625])
+
+
+def test_rule_on_toy_rows_correct_passes_every_bug_fails():
+    p, q = toy()
+    checks = dt.rule_checks("toy", p, q, list(BUGS), RULE_N, SEED)
+    by = {(c.case, c.variant): c for c in checks}
+    assert by[("toy", "correct")].verdict == "pass"
+    assert by[("toy, one-hot q", "correct")].verdict == "pass"
+    assert by[("toy", "resample-p")].verdict == "FAIL"
+    assert by[("toy, vs min(p,q)+(1-a)p", "resample-p")].verdict == "pass"  # the bug's law is the docstring's
+    assert by[("toy", "softmax-q")].verdict == "FAIL"
+    assert all(c.ok for c in checks)
+    assert all(c.power >= dt.POWER_GOAL for c in checks if c.expect == "fail")
+
+
+def test_rule_on_rows_of_the_tiny_pair(tiny):
+    """Rows of two different models (259 tokens): the same verdicts as on the toy rows."""
+    ids = tiny.tokenizer(dt.LOOP_PROMPT).input_ids
+    sampling = Sampling(1.0)
+    tiny.target.reset()
+    tiny.draft.reset()
+    p = warp(tiny.target.forward(ids)[-1], sampling)
+    q = warp(tiny.draft.forward(ids)[-1], sampling)
+    tiny.target.reset()
+    tiny.draft.reset()
+    checks = dt.rule_checks("tiny rows", p, q, list(BUGS), RULE_N, SEED)
+    assert all(c.ok for c in checks), [c.row() for c in checks]
+    assert all(c.power >= dt.POWER_GOAL for c in checks if c.expect == "fail")
+
+
+def test_sequence_law_is_a_partition_matching_the_target(tiny):
+    sampling = Sampling(1.0)
+    prompt = tiny.tokenizer(dt.LOOP_PROMPT).input_ids
+    nodes, probs = dt.sequence_law(tiny.target, prompt, 2, sampling, 1000)
+    assert nodes[0] == () and probs.sum() == pytest.approx(1.0)
+    assert all(len(node) <= 2 for node in nodes) and len(set(nodes)) == len(nodes)
+    # The mass of every first token equals the target's own next-token probability.
+    tiny.target.reset()
+    first = warp(tiny.target.forward(prompt)[-1], sampling).double().numpy()
+    tiny.target.reset()
+    for node in nodes:
+        if len(node) == 1:
+            below = sum(pr for other, pr in zip(nodes, probs) if other[:1] == node)
+            assert below == pytest.approx(first[node[0]], rel=1e-5)
+    cats = dt.categorize([[nodes[-1][0], nodes[-1][1], 7], [258, 258, 258]], nodes, 3)
+    assert cats.tolist() == [len(nodes) - 1, 0]  # a listed prefix, and the root's "anything else"
+
+
+def test_whole_loop_correct_passes_every_loop_bug_fails(tiny):
+    checks = dt.loop_checks(tiny, list(BUGS), LOOP_N, SEED, LOOP_SAMPLING)
+    by = {c.variant: c for c in checks}
+    assert set(by) == {"correct", "softmax-q", "no-rollback"}
+    assert by["correct"].verdict == "pass"
+    assert by["softmax-q"].verdict == "FAIL" and by["no-rollback"].verdict == "FAIL"
+    # Power against each bug, from an independent pilot (seed + 1) at the same n.
+    assert by["softmax-q"].power >= dt.POWER_GOAL and by["no-rollback"].power >= dt.POWER_GOAL
+
+
+@pytest.mark.real
+def test_rule_on_real_qwen_rows():
+    pair = load_pair("qwen-coder")
+    p, q, _ = dt.real_rows(pair, Sampling(1.0), dt.REAL_PROMPT)
+    checks = dt.rule_checks("real rows", p, q, list(BUGS), RULE_N, SEED)
+    assert all(c.ok for c in checks), [c.row() for c in checks]
+    assert all(c.power >= dt.POWER_GOAL for c in checks if c.expect == "fail")
