@@ -180,7 +180,7 @@ class GraphModel:
         if span not in self.spans:
             self.spans[span] = torch.arange(span, device=self.device)
             if self.compiled:
-                torch._dynamo.mark_dynamic(self.spans[span], 0)
+                torch._dynamo.maybe_mark_dynamic(self.spans[span], 0)  # a kernel may still need it fixed
         return self.spans[span]
 
     def _run_body(self, ids: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
