@@ -59,7 +59,7 @@ class ModelDrafter:
 
     def propose(self, seq, k, sampling, generator):
         drafts, dists = [], []
-        new = torch.as_tensor(seq[self.model.length :], dtype=torch.long, device=self.model.device)
+        new = torch.tensor(seq[self.model.length :], dtype=torch.long).to(self.model.device, non_blocking=True)
         for _ in range(k):
             logits = self.model.forward(new, keep=1)[-1]  # [V]
             if sampling.greedy:

@@ -109,7 +109,9 @@ def speculate(
         k_now = max(0, min(policy.next_k(), max_new_tokens - emitted - 1))
         drafts, q = drafter.propose(seq, k_now, sampling, generator)  # [k'], [k', V] | None
         t1 = clock()
-        fed = torch.cat([torch.as_tensor(seq[target.length :], dtype=torch.long, device=device), drafts])
+        # A host tensor copied without blocking: the CPU must not wait here for the draft's kernels to finish.
+        uncached = torch.tensor(seq[target.length :], dtype=torch.long).to(device, non_blocking=True)
+        fed = torch.cat([uncached, drafts])
         logits = target.forward(fed, keep=len(drafts) + 1)  # [k'+1, V]
         if sampling.greedy:
             n_kept, nxt = greedy_rule(logits[None], drafts[None])
