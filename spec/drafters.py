@@ -91,7 +91,7 @@ def lookup_draft(seq: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
     for n in range(min(max_ngram, length - 1), 0, -1):
         tail = seq[length - n :]
         last = tail[-1]
-        # start + n - 1 indexes the occurrence's last token; scan from the most recent earlier position back.
+        # `end` indexes the last token of a candidate occurrence; scan from the most recent earlier one backwards.
         for end in range(length - 2, n - 2, -1):
             if seq[end] == last and seq[end - n + 1 : end + 1] == tail:
                 follow = seq[end + 1 : end + 1 + k]
