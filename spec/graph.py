@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from spec import log
+from spec import kernels, log
 from spec.common import CachedModel, ModelError
 
 MAX_GRAPH_TOKENS = 64  # forwards up to this many tokens are graphed; drafting and verifying stay far below
@@ -84,7 +84,7 @@ class GraphModel:
     """
 
     def __init__(self, model, vocab: int | None = None, name: str = "model", max_length: int | None = None,
-                 graphs: bool = True, compile: bool = False):
+                 graphs: bool = True, compile: bool = False, split_attention: bool | None = None):
         reason = unsupported_reason(model)
         if reason:
             raise ModelError(f"{name}: the graph backend cannot run this model: {reason}")
@@ -130,6 +130,11 @@ class GraphModel:
             # Compiled code is cached per code object and guarded on `self`: every GraphModel in the process adds
             # two entries to `_body`'s cache, past the default limit of 8 after four models.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        # Split-KV attention (spec/kernels.py) on CUDA in half precision unless told otherwise; SDPA elsewhere.
+        if split_attention is None:
+            split_attention = (self.device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+                               and kernels.available() and kernels.suits_head_dim(self.head_dim))
+        self.split_attention = split_attention
         self.body = torch.compile(self._body, fullgraph=True) if compile else self._body
         self.compiled = compile
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
@@ -147,7 +152,8 @@ class GraphModel:
         cos, sin = self.cos[q_pos][:, None], self.sin[q_pos][:, None]  # [n, 1, D]
         # Query heads that share a K/V head are folded into extra query rows ([kv, groups * n, D]), so attention
         # reads each cached K/V once instead of repeating it per query head. Row g*n + i is token i.
-        allowed = (span[None, :] <= q_pos[:, None]).repeat(groups, 1)[None, None]  # [1, 1, groups*n, B]
+        allowed = None if self.split_attention else (
+            (span[None, :] <= q_pos[:, None]).repeat(groups, 1)[None, None])  # [1, 1, groups*n, B]
         h = self.model.model.embed_tokens(ids)  # [n, hidden]
         for i, (norm1, (w_qkv, b_qkv), o_proj, norm2, (w_gu, b_gu), act, down) in enumerate(self.layers):
             x = norm1(h)
@@ -161,9 +167,13 @@ class GraphModel:
             self.k_cache[i][:, q_pos] = k.transpose(0, 1)
             self.v_cache[i][:, q_pos] = v.view(n, self.kv_heads, self.head_dim).transpose(0, 1)
             q = q.view(n, self.kv_heads, groups, self.head_dim).permute(1, 2, 0, 3).reshape(
-                1, self.kv_heads, groups * n, self.head_dim)
-            out = F.scaled_dot_product_attention(q, self.k_cache[i][None, :, :b], self.v_cache[i][None, :, :b],
-                                                 attn_mask=allowed, scale=self.scaling)  # [1, kv, groups*n, D]
+                self.kv_heads, groups * n, self.head_dim)
+            if self.split_attention:
+                out = kernels.decode_attention(q, self.k_cache[i], self.v_cache[i], pos, b, n, self.scaling)
+            else:
+                out = F.scaled_dot_product_attention(q[None], self.k_cache[i][None, :, :b],
+                                                     self.v_cache[i][None, :, :b], attn_mask=allowed,
+                                                     scale=self.scaling)  # [1, kv, groups*n, D]
             out = out.view(self.kv_heads, groups, n, self.head_dim).permute(2, 0, 1, 3).reshape(n, -1)
             h = h + o_proj(out)
             x = norm2(h)
