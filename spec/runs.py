@@ -86,6 +86,9 @@ def run_prompt(pair: Pair, prompt: dict, setup: Setup, k: int | KPolicy) -> dict
         "spec_tokens": spec.tokens, "text": pair.tokenizer.decode(spec.tokens, skip_special_tokens=True),
     }
     row["speedup"] = row["spec_tok_s"] / row["plain_tok_s"]
+    if setup.sampling.greedy and not row["identical"]:
+        row["divergence"] = explain_divergence(pair.target, ids, plain.tokens, spec.tokens,
+                                               setup.k if isinstance(setup.k, int) else 4)
     if setup.compare_hf:
         hf_plain, hf_plain_s = timed(lambda: hf_generate(pair, ids, setup, assisted=False), pair.device)
         hf_assisted, hf_assisted_s = timed(lambda: hf_generate(pair, ids, setup, assisted=True), pair.device)
@@ -98,6 +101,30 @@ def run_prompt(pair: Pair, prompt: dict, setup: Setup, k: int | KPolicy) -> dict
             row["hf_plain_identical"] = hf_plain == plain.tokens
             row["hf_assisted_identical"] = hf_assisted == plain.tokens
     return row
+
+
+def explain_divergence(target, prompt: list[int], plain: list[int], spec: list[int], k: int) -> dict:
+    """Where a greedy speculative run parted from plain decoding, and whether that is a numerical near-tie.
+
+    In bf16 a 1-token step and a K+1-token verify reach the same position through differently shaped matrix
+    products, which round differently; where the target's top two logits are closer than that rounding error, either
+    token is the target's greedy choice up to rounding. This measures both at the first divergence: the top-2 gap of
+    the target's 1-token-step logits there, and the largest logit difference between 1-token steps and one (K+1)-token
+    forward over the same positions. `near_tie` = gap <= error; a divergence that is no near-tie is a bug."""
+    first = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
+    text = list(prompt) + plain[:first]
+    width = max(1, min(k + 1, len(text) - 1))
+    target.reset()
+    target.forward(text[:-width], keep=1)
+    steps = torch.cat([target.forward(text[i : i + 1]) for i in range(len(text) - width, len(text))])
+    target.rollback(len(text) - width)
+    verify = target.forward(text[-width:])
+    target.reset()
+    top = steps[-1].float().topk(2).values
+    gap, error = float(top[0] - top[1]), float((steps - verify).abs().max())
+    return {"first_divergence": first, "plain_token": plain[first] if first < len(plain) else None,
+            "spec_token": spec[first] if first < len(spec) else None, "top2_gap": gap, "shape_error": error,
+            "near_tie": gap <= error}
 
 
 def k_label(k) -> str:
@@ -127,6 +154,8 @@ def run_set(pair: Pair, prompts: list[dict], setup: Setup, desc: str = "prompts"
     total = {
         "id": "ALL", "prompt_tokens": sum(r["prompt_tokens"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
         "identical": all(r["identical"] for r in rows),
+        "near_ties": sum(1 for r in rows if r.get("divergence", {}).get("near_tie")),
+        "divergences": sum(1 for r in rows if "divergence" in r),
         "alpha": _ratio(sum(r["spec"]["kept"] for r in rows), sum(r["spec"]["drafted"] for r in rows)),
         "tokens_per_round": _ratio(sum(r["tokens"] for r in rows), sum(r["spec"]["rounds"] for r in rows)),
         "plain_tok_s": _ratio(sum(r["plain_tokens"] for r in rows), sum(r["plain_s"] for r in rows)),

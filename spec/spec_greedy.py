@@ -4,7 +4,12 @@ For each prompt: plain greedy decoding of the target (our loop with K = 0), then
 proposes K tokens per round, the target keeps the longest prefix that matches its own argmax and adds one token).
 The two outputs must be identical; the table shows acceptance alpha-hat (kept / drafted), tokens per round, tok/s of
 both and the speedup. `--compare-hf` adds transformers' own generate, plain and assisted (`assistant_model=`), timed
-the same way in the same run. Exits with status 1 if any output differs.
+the same way in the same run.
+
+In float32 the outputs are identical token for token. In bf16 a 1-token step and a K+1-token verify round
+differently, so where the target's top two logits are closer than that rounding the two runs may pick different
+tokens; every divergence is reported with the top-2 gap and the measured rounding difference at that point
+(`near-tie` when the gap is the smaller). Exits with status 1 if any output differs other than at a near-tie.
 
     python -m spec.spec_greedy                      # the embedded default pair, 3 code prompts x 64 tokens
     python -m spec.spec_greedy --pair qwen-coder --limit 6 --k 4 --compare-hf
@@ -17,6 +22,10 @@ import sys
 
 from spec.cli import add_model_args, load_from_args, load_prompts, save_json
 from spec.runs import Setup, k_label, add_run_args, print_rows, run_set
+
+
+def dtype_name(pair) -> str:
+    return str(pair.dtype).removeprefix("torch.")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -41,7 +50,22 @@ def main(argv: list[str] | None = None) -> dict:
           f"{args.max_new_tokens} tokens, {pair.device} {str(pair.dtype).removeprefix('torch.')}")
     print_rows(rows, total, args.compare_hf)
     print(f"\nanswer to {rows[0]['id']}:\n{rows[0]['text']}\n")
-    verdict = "IDENTICAL to plain greedy decoding" if total["identical"] else "DIFFERENT from plain greedy decoding"
+    for row in rows:
+        if "divergence" in row:
+            d = row["divergence"]
+            print(f"{row['id']}: first differs at token {d['first_divergence']} ({d['plain_token']} plain, "
+                  f"{d['spec_token']} speculative); top-2 logit gap there {d['top2_gap']:.4f}, logit difference "
+                  f"between a 1-token step and a K+1 verify {d['shape_error']:.4f}: "
+                  f"{'a near-tie (rounding)' if d['near_tie'] else 'NOT a near-tie: a bug'}")
+    bug = total["divergences"] > total["near_ties"]
+    if total["identical"]:
+        verdict = "IDENTICAL to plain greedy decoding"
+    elif not bug:
+        verdict = (f"identical to plain greedy decoding except at {total['near_ties']} {dtype_name(pair)} near-tie(s), "
+                   "where the target's top two logits are closer than its own rounding between shapes (run with "
+                   "--dtype float32 for token-for-token identity)")
+    else:
+        verdict = "DIFFERENT from plain greedy decoding"
     print(f"speculative output is {verdict} on {len(rows)} prompts; alpha-hat {total['alpha']:.2f}, "
           f"{total['tokens_per_round']:.2f} tokens/round, {total['spec_tok_s']:.2f} vs {total['plain_tok_s']:.2f} "
           f"tok/s plain = {total['speedup']:.2f}x")
@@ -52,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
               "dtype": str(pair.dtype).removeprefix("torch."), "args": {**vars(args), "k": k_label(args.k)},
               "total": total, "rows": rows}
     print(f"saved {save_json('spec_greedy', result)}")
-    if not total["identical"]:
+    if bug:
         sys.exit(1)
     return result
 

@@ -115,3 +115,42 @@ def test_bad_requests_are_clear_errors(tiny):
 )
 def test_lookup_draft(seq, k, expected):
     assert lookup_draft(seq, k) == expected
+
+
+def test_a_real_difference_is_not_excused_as_a_near_tie(tiny, prompts, reference):
+    """explain_divergence on fp32: a made-up divergence has a top-2 gap far above the (tiny) rounding difference
+    between a 1-token step and a K+1 verify, so it is reported as a bug, not a near-tie."""
+    from spec.runs import explain_divergence
+
+    plain = reference[0]
+    spec = plain[:5] + [(plain[5] + 1) % tiny.target.vocab] + plain[6:]
+    d = explain_divergence(tiny.target, prompts[0], plain, spec, k=4)
+    assert d["first_divergence"] == 5 and d["plain_token"] == plain[5] and d["spec_token"] == spec[5]
+    assert d["shape_error"] < 1e-3 < d["top2_gap"]
+    assert not d["near_tie"]
+    assert tiny.target.length == 0  # the cache is left reset for the next run
+
+
+@pytest.mark.parametrize("near_tie, status", [(True, 0), (False, 1)])
+def test_spec_greedy_verdict_on_divergences(tiny, monkeypatch, capsys, near_tie, status):
+    """spec_greedy passes when every divergence is a near-tie (and says so), and fails on any other difference."""
+    from spec import spec_greedy
+
+    def fake_run_set(pair, prompts, setup, desc):
+        row = {"id": "p1", "tokens": 3, "identical": False, "alpha": 0.5, "tokens_per_round": 2.0,
+               "plain_tok_s": 1.0, "spec_tok_s": 1.0, "speedup": 1.0, "text": "abc",
+               "divergence": {"first_divergence": 1, "plain_token": 7, "spec_token": 8, "top2_gap": 0.01,
+                              "shape_error": 0.02 if near_tie else 0.001, "near_tie": near_tie}}
+        total = {**row, "id": "ALL", "near_ties": int(near_tie), "divergences": 1}
+        return [row], total
+
+    monkeypatch.setattr(spec_greedy, "run_set", fake_run_set)
+    if status:
+        with pytest.raises(SystemExit) as exit_info:
+            spec_greedy.main(["--pair", "tiny", "--limit", "1", "--quiet"])
+        assert exit_info.value.code == 1
+        assert "NOT a near-tie" in capsys.readouterr().out
+    else:
+        spec_greedy.main(["--pair", "tiny", "--limit", "1", "--quiet"])
+        out = capsys.readouterr().out
+        assert "a near-tie (rounding)" in out and "except at 1" in out
