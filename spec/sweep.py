@@ -76,7 +76,10 @@ def measure_costs(pair, ids: list[int], ks: list[int], trials: int) -> dict:
     for n in sizes:
         target[n] = median_forward_s(pair.target, prefix, n, trials)
         bar.update()
-    draft_s = median_forward_s(pair.draft, prefix, 1, trials) if pair.draft is not None else float("nan")
+    draft_prefix = prefix
+    if pair.draft_tokenizer is not None:  # another family: the draft reads the same text in its own ids
+        draft_prefix = pair.draft_tokenizer.encode(pair.tokenizer.decode(prefix), add_special_tokens=False) or [0]
+    draft_s = median_forward_s(pair.draft, draft_prefix, 1, trials) if pair.draft is not None else float("nan")
     bar.update()
     bar.close()
     pair.target.reset()

@@ -120,3 +120,43 @@ def test_cost_only_mode_predicts_at_the_given_alpha(prompts, tmp_path, capsys):
     c, v = data["costs"]["c"], data["costs"]["verify_factor"]
     assert data["summary"][2]["predicted_x_v"] == pytest.approx(calc.speedup(0.8, 4, c, v[4]))
     assert list(tmp_path.glob("sweep-2*.png"))
+
+
+def test_costs_feed_an_other_family_draft_its_own_ids(tiny):
+    """With a remapped draft (--allow-other-family) the cost measurement must give the draft the prompt in the
+    draft's own ids: the target's ids can lie outside its vocabulary (an IndexError before this was fixed)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from spec.common import chat_ids
+
+    class TenIdModel:  # a draft of 10 ids that records what it is fed
+        device = torch.device("cpu")
+
+        def __init__(self):
+            self.length, self.fed = 0, []
+
+        def reset(self):
+            self.length = 0
+
+        def rollback(self, length):
+            self.length = length
+
+        def forward(self, ids, keep=None):
+            ids = [int(i) for i in ids]
+            assert max(ids) < 10, "fed an id outside the draft's vocabulary"
+            self.fed += ids
+            self.length += len(ids)
+            return torch.zeros(keep or len(ids), 10)
+
+    class TenIdTokenizer:
+        def encode(self, text, add_special_tokens=False):
+            return [ord(ch) % 10 for ch in text]
+
+    pair = SimpleNamespace(target=tiny.target, draft=TenIdModel(), tokenizer=tiny.tokenizer,
+                           draft_tokenizer=TenIdTokenizer())
+    ids = chat_ids(tiny.tokenizer, "hello there")
+    assert max(ids) >= 10
+    costs = sweep.measure_costs(pair, ids, [1, 2], trials=1)
+    assert costs["c"] > 0 and pair.draft.fed
