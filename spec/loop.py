@@ -44,6 +44,10 @@ class KPolicy(Protocol):
 
     def observe(self, rnd: Round) -> None: ...
 
+    def reads_prompt(self, prompt_tokens: int) -> bool:
+        """Whether the drafter should read the prompt now, at prefill (else its first proposal catches up)."""
+        ...
+
 
 class FixedK:
     def __init__(self, k: int):
@@ -56,6 +60,9 @@ class FixedK:
 
     def observe(self, rnd: Round) -> None:
         pass
+
+    def reads_prompt(self, prompt_tokens: int) -> bool:
+        return self.k > 0  # K = 0 never drafts: reading the prompt would be wasted work
 
 
 def speculate(
@@ -99,7 +106,8 @@ def speculate(
     start = clock()
     if len(prompt) > 1:
         target.forward(prompt[:-1], keep=1)
-        drafter.prefill(prompt[:-1])
+        if policy.reads_prompt(len(prompt) - 1):
+            drafter.prefill(prompt[:-1])
     prefill_s = clock() - start
 
     seq = prompt

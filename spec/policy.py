@@ -19,6 +19,8 @@ probe is run once the credit covers its expected cost, and it then pays what it 
 That cost includes the drafter catching up on the text it skipped while off: b target steps per skipped token, the
 fourth estimate, learned from the probes. On a GPU b is about 0 (a forward over many tokens costs what one costs); on a CPU it is not, and a
 later probe costs more than an early one. If b exceeds the budget, no spacing pays for probes and they stop.
+While speculation is off the loop does not even prefill the drafter (`reads_prompt`): a useless draft then costs
+nothing per request, and the prompt joins the text a probe catches up on.
 Everything is deterministic: no randomness, only the rounds it is shown.
 
 Times must be real: on a GPU run the loop with timing=True (its default), which synchronises before each clock read.
@@ -81,6 +83,7 @@ class AdaptiveK:
         self.slope = Decayed(memory)  # extra target steps per draft, beyond the draft steps themselves
         self.catch_up = Decayed(memory)  # b: target steps per skipped token the drafter spends catching up
         self._lag = 0  # tokens emitted by K = 0 rounds since the drafter last ran (it will have to read them)
+        self._unread_prompt = 0  # prompt tokens the drafter skipped at this generation's prefill
         self._credit = 0.0  # target steps that probes may still spend while speculation is off
         self._since_probe = 0  # rounds since the last K = 0 probe while speculation is on
         self._probing = False
@@ -119,6 +122,15 @@ class AdaptiveK:
             return 0
         return k
 
+    def reads_prompt(self, prompt_tokens: int) -> bool:
+        """Skip the drafter's prefill while speculation is off: a useless draft then costs nothing per request, and
+        a later probe pays for catching up on the prompt like any other skipped text (the catch-up estimate)."""
+        if self.estimates() is not None and self.choice()[0] == 0:
+            self._unread_prompt = prompt_tokens
+            return False
+        self._unread_prompt = 0
+        return True
+
     def _expected_probe_cost(self) -> float:
         """Target steps a K = 1 probe would cost beyond plain decoding: c + 1 + s steps plus catching up on the
         skipped tokens, for 1 + alpha tokens that plain decoding makes in 1 + alpha steps."""
@@ -135,7 +147,8 @@ class AdaptiveK:
         t_target, t_draft = self.target_step.value, self.draft_step.value
         probing, self._probing = self._probing, False
         if rnd.prefill_s:
-            self._lag = 0  # a new generation: the drafter has just read the whole prompt
+            # A new generation: the drafter has just read the whole prompt, unless it was told to skip it.
+            self._lag, self._unread_prompt = self._unread_prompt, 0
         if rnd.drafted == 0:
             self.target_step.add(rnd.total_s, 1)
             self._lag += len(rnd.tokens)

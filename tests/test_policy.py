@@ -156,3 +156,37 @@ def test_probes_stop_when_catching_up_costs_more_than_the_budget():
     speedup, chosen = simulate(AdaptiveK(), 0.0, c=0.4, catch_up=0.1, rounds=1500)
     assert chosen[400:].count(1) == 0
     assert speedup >= 0.95
+
+
+def test_while_off_the_drafter_skips_the_prompt_and_the_probe_pays_for_it():
+    """A policy that has turned speculation off tells the loop not to prefill the draft (a useless draft then costs
+    nothing per request); the prompt it skipped counts as text to catch up on at the next probe."""
+    policy = AdaptiveK()
+    assert policy.reads_prompt(40)  # no estimates yet: read it, so the first rounds can time a draft step
+    simulate(policy, 0.0, c=1.0, rounds=100)
+    assert policy.choice()[0] == 0
+    assert not policy.reads_prompt(40)
+    policy.observe(Round([3], 0, 0, 0.0, 0.01, 0.01, prefill_s=0.05))  # the new generation's first (plain) round
+    assert policy._lag == 41  # 40 unread prompt tokens and the round's token
+    good = AdaptiveK()
+    simulate(good, 0.9, c=0.05, rounds=100)
+    assert good.reads_prompt(40)
+
+
+def test_a_policy_that_is_off_keeps_greedy_output_exact_without_reading_the_prompt(tiny_pair):
+    from spec.drafters import make_drafter
+    from spec.loop import generate
+
+    prompt = tiny_pair.tokenizer("def add(a, b):").input_ids
+    plain = generate(tiny_pair.target, make_drafter("none", tiny_pair), prompt, 30, k=0)
+    policy = AdaptiveK(max_k=4, prior_alpha=0.0)
+    simulate(policy, 0.0, c=1.0, rounds=100)  # learned: this draft is useless
+    drafter = make_drafter("draft", tiny_pair)
+    drafter.model.reset()
+    rounds = []
+    from spec.loop import speculate
+    for rnd in speculate(tiny_pair.target, drafter, prompt, 30, k=policy):
+        if not rounds:
+            assert drafter.model.length == 0  # the prompt was not prefilled into the draft
+        rounds.append(rnd)
+    assert [t for r in rounds for t in r.tokens] == plain.tokens
