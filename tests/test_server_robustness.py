@@ -187,8 +187,8 @@ def test_load_with_hang_ups(server, tmp_path):
 
 @pytest.fixture
 def short_lived():
-    """A server with a 5 s request limit and a 0.5 s drain, stopped by the test itself."""
-    srv = ServerProcess("--method", "draft", "--k", "3", "--queue", "4", "--request-timeout", "5",
+    """A server with a 3 s request limit and a 0.5 s drain, stopped by the test itself."""
+    srv = ServerProcess("--method", "draft", "--k", "3", "--queue", "4", "--request-timeout", "3",
                         "--drain-seconds", "0.5")
     yield srv
     srv.stop()
@@ -197,7 +197,8 @@ def short_lived():
 def test_time_limit_then_sigterm_drains_cleanly(short_lived):
     srv = short_lived
     # A stream past the time limit ends with an error chunk and [DONE]; a plain request gets 504 in the envelope.
-    body = {"model": "tiny", "prompt": "x", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    # 4000 tokens of the tiny pair take ~6 s on a fast 2-core machine (3000 once finished inside a 5 s limit).
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 4000, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, headers=srv.headers(), timeout=60) as r:
         events = sse_events(r)
     assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "timeout"
