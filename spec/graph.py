@@ -125,7 +125,9 @@ class GraphModel:
             cos, sin = model.model.rotary_emb(torch.zeros((), dtype=dtype, device=self.device), positions)
             self.cos, self.sin = cos[0], sin[0]  # [capacity, head_dim]
             self.pos = torch.zeros((), dtype=torch.long, device=self.device)  # the write position, on the device
-        self.spans: dict[int, torch.Tensor] = {}  # span -> arange(span): the cache positions attention reads
+        # span -> a tensor of that length: attention reads cache positions < span, and a tensor's size (not an int)
+        # lets torch.compile treat the span as a dynamic size.
+        self.spans: dict[int, torch.Tensor] = {}
         if compile:
             # Compiled code is cached per code object and guarded on `self`: every GraphModel in the process adds
             # two entries to `_body`'s cache, past the default limit of 8 after four models.
@@ -144,7 +146,7 @@ class GraphModel:
 
     def _body(self, ids: torch.Tensor, pos: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
         """Run `ids` [n] at positions pos..pos+n-1, writing their K/V into the cache; return the final-normed
-        hidden states [n, hidden]. `span` [B] = arange(B): attention reads cache positions < B (B >= pos + n)."""
+        hidden states [n, hidden]. Attention reads cache positions < B = len(span) (B >= pos + n)."""
         n = ids.shape[0]
         b = span.shape[0]
         groups = self.heads // self.kv_heads
@@ -152,8 +154,7 @@ class GraphModel:
         cos, sin = self.cos[q_pos][:, None], self.sin[q_pos][:, None]  # [n, 1, D]
         # Query heads that share a K/V head are folded into extra query rows ([kv, groups * n, D]), so attention
         # reads each cached K/V once instead of repeating it per query head. Row g*n + i is token i.
-        allowed = None if self.split_attention else (
-            (span[None, :] <= q_pos[:, None]).repeat(groups, 1)[None, None])  # [1, 1, groups*n, B]
+        attend = kernels.decode_attention if self.split_attention else kernels.masked_sdpa
         h = self.model.model.embed_tokens(ids)  # [n, hidden]
         for i, (norm1, (w_qkv, b_qkv), o_proj, norm2, (w_gu, b_gu), act, down) in enumerate(self.layers):
             x = norm1(h)
@@ -168,12 +169,7 @@ class GraphModel:
             self.v_cache[i][:, q_pos] = v.view(n, self.kv_heads, self.head_dim).transpose(0, 1)
             q = q.view(n, self.kv_heads, groups, self.head_dim).permute(1, 2, 0, 3).reshape(
                 self.kv_heads, groups * n, self.head_dim)
-            if self.split_attention:
-                out = kernels.decode_attention(q, self.k_cache[i], self.v_cache[i], pos, b, n, self.scaling)
-            else:
-                out = F.scaled_dot_product_attention(q[None], self.k_cache[i][None, :, :b],
-                                                     self.v_cache[i][None, :, :b], attn_mask=allowed,
-                                                     scale=self.scaling)  # [1, kv, groups*n, D]
+            out = attend(q, self.k_cache[i], self.v_cache[i], pos, b, n, self.scaling)  # [kv, groups*n, D]
             out = out.view(self.kv_heads, groups, n, self.head_dim).permute(2, 0, 1, 3).reshape(n, -1)
             h = h + o_proj(out)
             x = norm2(h)

@@ -53,8 +53,9 @@ def _chunk(span: int) -> int:
     return min(128, max(32, _pow2(span // 32)))
 
 
-def _sdpa(q, k_cache, v_cache, pos, span: int, n_tokens: int, scale: float) -> torch.Tensor:
-    """The same attention by PyTorch's SDPA: for prefills, whose rows one program cannot hold."""
+def masked_sdpa(q, k_cache, v_cache, pos, span: int, n_tokens: int, scale: float) -> torch.Tensor:
+    """The same attention by PyTorch's SDPA, same arguments and causal rule: for fp32 and CPUs, and for prefills,
+    whose rows one program cannot hold."""
     rows_n = q.shape[1]
     seen = pos + torch.arange(rows_n, device=q.device) % n_tokens
     allowed = torch.arange(span, device=q.device)[None, :] <= seen[:, None]
@@ -123,10 +124,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     first `span` positions of the caches [kv_heads, capacity, D]; returns [kv_heads, rows, D] in q's dtype."""
     heads, rows_n, dim = q.shape
     if rows_n > MAX_ROWS:
-        return _sdpa(q, k_cache, v_cache, pos, span, n_tokens, scale)
+        return masked_sdpa(q, k_cache, v_cache, pos, span, n_tokens, scale)
     q = q.contiguous()
     # One tile height for every step and verify up to 64 rows (16 tokens at 4 query heads per K/V head); the cost
-    # of the padding rows is below the timing noise (H200: 4.68 ms per 8B step with 16-row tiles, 4.70 with 64).
+    # of the padding rows is below the timing noise (H200, 8B step: 4.68 ms with 16-row tiles in one run, 4.70 ms with 64 in another).
     rows = 64 if rows_n <= 64 else MAX_ROWS
     chunk = _chunk(span)
     splits = -(-span // chunk)

@@ -90,6 +90,12 @@ def token_map(draft_tokenizer, target_tokenizer, draft_vocab: int, target_vocab:
     return torch.tensor([twins.get(key, -1) for key in token_keys(draft_tokenizer, draft_vocab)], dtype=torch.long)
 
 
+def reencode(seq: Sequence[int], target_tokenizer, draft_tokenizer) -> list[int]:
+    """The true text [target ids] re-encoded as draft ids (with the draft tokenizer's own BOS, if it adds one)."""
+    text = target_tokenizer.decode(list(seq), skip_special_tokens=False)
+    return draft_tokenizer(text).input_ids
+
+
 class RemappedDrafter:
     """A drafter around a draft model of another family (see the module docstring for the translation)."""
 
@@ -108,9 +114,7 @@ class RemappedDrafter:
         self.cached: list[int] = []  # the draft ids in the draft model's cache
 
     def express(self, seq: Sequence[int]) -> list[int]:
-        """The true text [target ids] re-encoded as draft ids (with the draft tokenizer's own BOS, if it adds one)."""
-        text = self.target_tokenizer.decode(list(seq), skip_special_tokens=False)
-        return self.draft_tokenizer(text).input_ids
+        return reencode(seq, self.target_tokenizer, self.draft_tokenizer)
 
     def _catch_up(self, ids: list[int]) -> list[int]:
         """Roll the draft cache back to what it shares with `ids` (keeping at least one id to feed); return the

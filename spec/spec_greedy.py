@@ -24,10 +24,6 @@ from spec.cli import add_model_args, load_from_args, load_prompts, save_json
 from spec.runs import Setup, k_label, add_run_args, print_rows, run_set
 
 
-def dtype_name(pair) -> str:
-    return str(pair.dtype).removeprefix("torch.")
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         prog="python -m spec.spec_greedy", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -45,9 +41,10 @@ def main(argv: list[str] | None = None) -> dict:
     pair = load_from_args(args, with_draft=args.method == "draft" or args.compare_hf)
     setup = Setup(method=args.method, k=args.k, max_new_tokens=args.max_new_tokens, compare_hf=args.compare_hf)
     rows, total = run_set(pair, prompts, setup, desc="greedy")
+    dtype = str(pair.dtype).removeprefix("torch.")
 
     print(f"\n{pair.name}: greedy, method {args.method}, K = {k_label(args.k)}, {len(prompts)} prompts x up to "
-          f"{args.max_new_tokens} tokens, {pair.device} {str(pair.dtype).removeprefix('torch.')}")
+          f"{args.max_new_tokens} tokens, {pair.device} {dtype}")
     print_rows(rows, total, args.compare_hf)
     print(f"\nanswer to {rows[0]['id']}:\n{rows[0]['text']}\n")
     for row in rows:
@@ -61,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     if total["identical"]:
         verdict = "IDENTICAL to plain greedy decoding"
     elif not bug:
-        verdict = (f"identical to plain greedy decoding except at {total['near_ties']} {dtype_name(pair)} near-tie(s), "
+        verdict = (f"identical to plain greedy decoding except at {total['near_ties']} {dtype} near-tie(s), "
                    "where the target's top two logits are closer than its own rounding between shapes (run with "
                    "--dtype float32 for token-for-token identity)")
     else:
@@ -73,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"transformers: plain {total['hf_plain_tok_s']:.2f} tok/s, assisted {total['hf_assisted_tok_s']:.2f} "
               f"tok/s; ours vs assisted {total['ours_vs_hf_assisted']:.2f}x")
     result = {"task": "spec_greedy", "pair": pair.name, "device": str(pair.device),
-              "dtype": str(pair.dtype).removeprefix("torch."), "args": {**vars(args), "k": k_label(args.k)},
+              "dtype": dtype, "args": {**vars(args), "k": k_label(args.k)},
               "total": total, "rows": rows}
     print(f"saved {save_json('spec_greedy', result)}")
     if bug:

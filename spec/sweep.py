@@ -78,7 +78,9 @@ def measure_costs(pair, ids: list[int], ks: list[int], trials: int) -> dict:
         bar.update()
     draft_prefix = prefix
     if pair.draft_tokenizer is not None:  # another family: the draft reads the same text in its own ids
-        draft_prefix = pair.draft_tokenizer.encode(pair.tokenizer.decode(prefix), add_special_tokens=False) or [0]
+        from spec.remap import reencode
+
+        draft_prefix = reencode(prefix, pair.tokenizer, pair.draft_tokenizer)
     draft_s = median_forward_s(pair.draft, draft_prefix, 1, trials) if pair.draft is not None else float("nan")
     bar.update()
     bar.close()

@@ -206,8 +206,8 @@ def test_split_attention_matches_reference(rows, n, pos, span):
                for shape in ((8, rows, 128), (8, 4096, 128), (8, 4096, 128)))
     position = torch.tensor(pos, device="cuda")
     got = kernels.decode_attention(q, k, v, position, span, n, 0.09).float()
-    reference = kernels._sdpa(q.float(), k.float(), v.float(), position, span, n, 0.09)
-    bf16_sdpa = kernels._sdpa(q, k, v, position, span, n, 0.09).float()
+    reference = kernels.masked_sdpa(q.float(), k.float(), v.float(), position, span, n, 0.09)
+    bf16_sdpa = kernels.masked_sdpa(q, k, v, position, span, n, 0.09).float()
     assert (got - reference).abs().max() <= max(2 * (bf16_sdpa - reference).abs().max(), 1e-2)
     if rows <= kernels.MAX_ROWS:  # the kernel itself: nothing past the last visible position may be read
         k[:, pos + n:] = float("nan")

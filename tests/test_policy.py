@@ -175,7 +175,7 @@ def test_while_off_the_drafter_skips_the_prompt_and_the_probe_pays_for_it():
 
 def test_a_policy_that_is_off_keeps_greedy_output_exact_without_reading_the_prompt(tiny_pair):
     from spec.drafters import make_drafter
-    from spec.loop import generate
+    from spec.loop import generate, speculate
 
     prompt = tiny_pair.tokenizer("def add(a, b):").input_ids
     plain = generate(tiny_pair.target, make_drafter("none", tiny_pair), prompt, 30, k=0)
@@ -184,7 +184,6 @@ def test_a_policy_that_is_off_keeps_greedy_output_exact_without_reading_the_prom
     drafter = make_drafter("draft", tiny_pair)
     drafter.model.reset()
     rounds = []
-    from spec.loop import speculate
     for rnd in speculate(tiny_pair.target, drafter, prompt, 30, k=policy):
         if not rounds:
             assert drafter.model.length == 0  # the prompt was not prefilled into the draft

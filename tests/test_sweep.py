@@ -151,8 +151,8 @@ def test_costs_feed_an_other_family_draft_its_own_ids(tiny):
             return torch.zeros(keep or len(ids), 10)
 
     class TenIdTokenizer:
-        def encode(self, text, add_special_tokens=False):
-            return [ord(ch) % 10 for ch in text]
+        def __call__(self, text):
+            return SimpleNamespace(input_ids=[ord(ch) % 10 for ch in text])
 
     pair = SimpleNamespace(target=tiny.target, draft=TenIdModel(), tokenizer=tiny.tokenizer,
                            draft_tokenizer=TenIdTokenizer())
