@@ -75,6 +75,23 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def fused_step_reason(model) -> str | None:
+    """Why the fused one-token step (spec/kernels.py) cannot run this model's layers, or None if it can."""
+    config = model.config.get_text_config()
+    layer = model.model.layers[0]
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r} is not SiLU"
+    if layer.self_attn.o_proj.bias is not None or any(
+            getattr(layer.mlp, name).bias is not None for name in ("gate_proj", "up_proj", "down_proj")):
+        return "the output or MLP projections have biases"
+    norms = {type(module).__name__ for module in (layer.input_layernorm, model.model.norm)}
+    if not norms <= {"LlamaRMSNorm", "Qwen2RMSNorm"}:
+        return f"norm {sorted(norms)} is not Llama's RMSNorm"
+    if not kernels.suits_head_dim(layer.self_attn.head_dim):
+        return f"head size {layer.self_attn.head_dim} is not a power of two >= 16"
+    return None
+
+
 class GraphModel:
     """A Llama/Qwen2 transformers model over a static KV cache, with CUDA graphs per token count.
 
@@ -84,7 +101,8 @@ class GraphModel:
     """
 
     def __init__(self, model, vocab: int | None = None, name: str = "model", max_length: int | None = None,
-                 graphs: bool = True, compile: bool = False, split_attention: bool | None = None):
+                 graphs: bool = True, compile: bool = False, split_attention: bool | None = None,
+                 fused_step: bool | None = None):
         reason = unsupported_reason(model)
         if reason:
             raise ModelError(f"{name}: the graph backend cannot run this model: {reason}")
@@ -137,6 +155,13 @@ class GraphModel:
             split_attention = (self.device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
                                and kernels.available() and kernels.suits_head_dim(self.head_dim))
         self.split_attention = split_attention
+        # The one-token step as five fused kernels a layer (spec/kernels.py) wherever the split kernel runs and the
+        # layers are the plain Llama/Qwen2 ones; verifies (n >= 2) and prefills keep the layer stack below.
+        if fused_step is None:
+            fused_step = split_attention and fused_step_reason(model) is None
+        elif fused_step and fused_step_reason(model):
+            raise ModelError(f"{name}: the fused step cannot run this model: {fused_step_reason(model)}")
+        self.fused_step = fused_step
         self.body = torch.compile(self._body, fullgraph=True) if compile else self._body
         self.compiled = compile
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
@@ -177,6 +202,33 @@ class GraphModel:
             h = h + down(act(gate) * up)
         return self.model.model.norm(h)
 
+    def _step(self, ids: torch.Tensor, span: int) -> torch.Tensor:
+        """The fused one-token forward (spec/kernels.py): ids [1] -> fp32 logits [1, vocab]. Same caches and the same
+        rounding of every intermediate as `_body` + `_head`, except each product's RMSNorm input (its scale is
+        applied after the sum); the order of summation inside the products differs."""
+        h = self.model.model.embed_tokens(ids).view(-1)  # the residual stream [hidden], updated in place
+        q = torch.empty(self.heads * self.head_dim, dtype=h.dtype, device=h.device)
+        act = torch.empty(self.intermediate, dtype=h.dtype, device=h.device)
+        head = self.model.lm_head.weight
+        logits = torch.empty((1, head.shape[0]), dtype=torch.float32, device=h.device)  # every row, as eager
+        q_heads = q.view(self.kv_heads, self.heads // self.kv_heads, self.head_dim)
+        for i, (norm1, (w_qkv, b_qkv), o_proj, norm2, (w_gu, _), _, down) in enumerate(self.layers):
+            kernels.qkv_rope(h, norm1.weight, norm1.variance_epsilon, w_qkv, b_qkv, self.cos, self.sin, self.pos, q,
+                             self.k_cache[i], self.v_cache[i], self.heads, self.kv_heads)
+            out = kernels.decode_attention(q_heads, self.k_cache[i], self.v_cache[i], self.pos, span, 1, self.scaling)
+            kernels.gemv(out.view(-1), o_proj.weight, h, kernels.ADD)
+            kernels.gemv(h, w_gu, act, kernels.SILU_MUL, norm2.weight, norm2.variance_epsilon)
+            kernels.gemv(act, down.weight, h, kernels.ADD)
+        norm = self.model.model.norm
+        kernels.gemv(h, head, logits.view(-1), kernels.LOGITS, norm.weight, norm.variance_epsilon)
+        return logits[:, : self.vocab]
+
+    def _logits(self, ids: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of every position of `ids`: the fused step for one token, else the layer stack."""
+        if self.fused_step and ids.shape[0] == 1:
+            return self._step(ids, span.shape[0])
+        return self._head(self._run_body(ids, span))
+
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> fp32 logits [n, vocab], rounded like the eager backend (head in the model's dtype)."""
         return self.model.lm_head(hidden)[:, : self.vocab].float()
@@ -205,11 +257,11 @@ class GraphModel:
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    self._head(self._run_body(ids, span))
+                    self._logits(ids, span)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                logits = self._head(self._run_body(ids, span))
+                logits = self._logits(ids, span)
             self._graphs[key] = (graph, ids, logits)
         return self._graphs[key]
 
@@ -236,6 +288,8 @@ class GraphModel:
             static_ids.copy_(ids)
             graph.replay()
             out = logits[n - keep :].clone()  # the next replay overwrites `logits`
+        elif self.fused_step and n == 1:
+            out = self._logits(ids, span)
         else:
             out = self._head(self._run_body(ids, span)[n - keep :])
         self.length += n

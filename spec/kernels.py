@@ -22,6 +22,10 @@ used. The import of Triton is deferred to first use; nothing here runs without C
 from __future__ import annotations
 
 import functools
+import json
+import os
+import re
+from pathlib import Path
 
 import torch
 
@@ -63,58 +67,20 @@ def masked_sdpa(q, k_cache, v_cache, pos, span: int, n_tokens: int, scale: float
         q[None], k_cache[None, :, :span], v_cache[None, :, :span], attn_mask=allowed[None, None], scale=scale)[0]
 
 
+# Programmatic dependent launch: each kernel of a step starts loading its weights while the one before it finishes
+# (Hopper and later; SPARK_SPEC_PDL=0 turns it off). It changes no result, only when kernels start.
+PDL = os.environ.get("SPARK_SPEC_PDL", "1") != "0"
+
+
 @functools.cache
-def _kernels():
-    import triton
-    import triton.language as tl
+def _pdl(device: torch.device) -> bool:
+    return PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
-    @triton.jit
-    def partial(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, rows_n, n_tokens, scale,
-                stride_qh, stride_kh, splits,
-                D: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr):
-        h = tl.program_id(0)
-        s = tl.program_id(1)
-        pos = tl.load(pos_ptr)
-        rows = tl.arange(0, ROWS)
-        d = tl.arange(0, D)
-        keys = s * CHUNK + tl.arange(0, CHUNK)
-        row_ok = rows < rows_n
-        seen = pos + rows % n_tokens  # the last cache position each row may attend to
-        key_ok = keys <= pos + n_tokens - 1
-        q = tl.load(q_ptr + h * stride_qh + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
-        k = tl.load(k_ptr + h * stride_kh + keys[:, None] * D + d[None, :], mask=key_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + h * stride_kh + keys[:, None] * D + d[None, :], mask=key_ok[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k)) * scale  # [ROWS, CHUNK], fp32
-        allowed = (keys[None, :] <= seen[:, None]) & key_ok[None, :]
-        scores = tl.where(allowed, scores, float("-inf"))
-        m = tl.max(scores, 1)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        p = tl.where(allowed, tl.exp(scores - m_safe[:, None]), 0.0)
-        l = tl.sum(p, 1)
-        o = tl.dot(p.to(v.dtype), v)  # [ROWS, D], fp32
-        base = (h * splits + s) * ROWS
-        tl.store(m_ptr + base + rows, m)
-        tl.store(l_ptr + base + rows, l)
-        tl.store(o_ptr + (base + rows[:, None]) * D + d[None, :], o)
 
-    @triton.jit
-    def combine(o_ptr, m_ptr, l_ptr, out_ptr, rows_n, splits,
-                D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr):
-        h = tl.program_id(0)
-        r = tl.program_id(1)
-        s = tl.arange(0, SPLITS)
-        d = tl.arange(0, D)
-        s_ok = s < splits
-        index = (h * splits + s) * ROWS + r
-        m = tl.load(m_ptr + index, mask=s_ok, other=float("-inf"))
-        top = tl.max(m, 0)  # finite: position 0 is visible to every row
-        w = tl.where(s_ok & (m != float("-inf")), tl.exp(m - top), 0.0)
-        l = tl.load(l_ptr + index, mask=s_ok, other=0.0)
-        o = tl.load(o_ptr + index[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)
-        out = tl.sum(w[:, None] * o, 0) / tl.sum(w * l, 0)
-        tl.store(out_ptr + (h * rows_n + r) * D + d, out.to(out_ptr.dtype.element_ty))
+def _triton():
+    from spec import triton_kernels
 
-    return partial, combine
+    return triton_kernels
 
 
 @torch.library.custom_op("spark_spec::decode_attention", mutates_args=())
@@ -135,14 +101,112 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     m = torch.empty((heads, splits, rows), dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     out = torch.empty_like(q)
-    partial, combine = _kernels()
-    partial[(heads, splits)](q, k_cache, v_cache, pos, o, m, l, rows_n, n_tokens, scale, q.stride(0),
-                             k_cache.stride(0), splits, D=dim, ROWS=rows, CHUNK=chunk, num_warps=4, num_stages=2)
-    combine[(heads, rows_n)](o, m, l, out, rows_n, splits, D=dim, ROWS=rows, SPLITS=max(16, _pow2(splits)),
-                             num_warps=4)
+    tk = _triton()
+    pdl = _pdl(q.device)
+    tk.attention_partial[(heads, splits)](q, k_cache, v_cache, pos, o, m, l, rows_n, n_tokens, scale, q.stride(0),
+                                          k_cache.stride(0), splits, D=dim, ROWS=rows, CHUNK=chunk, PDL=pdl,
+                                          PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                                          num_warps=4, num_stages=2, launch_pdl=pdl)
+    tk.attention_combine[(heads, rows_n)](o, m, l, out, rows_n, splits, D=dim, ROWS=rows,
+                                          SPLITS=max(16, _pow2(splits)), PDL=pdl, num_warps=4, launch_pdl=pdl)
     return out
 
 
 @decode_attention.register_fake
 def _(q, k_cache, v_cache, pos, span, n_tokens, scale):
     return torch.empty_like(q)
+
+
+# ---- The fused one-token step ----------------------------------------------------------------------------------
+#
+# A decode step of one token is a chain of matrix-vector products. Run as cuBLAS calls with torch.compile's fused
+# kernels between them it costs about ten kernels per layer, and on an H200 each kernel boundary costs a few
+# microseconds of a 1B step's ~60 per layer. These kernels fold the small work into the products themselves:
+#
+#   qkv_rope:      RMSNorm (prologue) -> q/k/v product (+ bias) -> rotary embedding -> q out, k and v into the cache
+#   gemv(ADD):     o or down product, added into the residual stream in place
+#   gemv(SILU_MUL): RMSNorm -> gate and up products -> SiLU(gate) * up
+#   gemv(LOGITS):  final RMSNorm -> head product -> fp32 logits
+#
+# so a layer is five kernels with the split-KV attention's two. Intermediates are rounded to the model's dtype
+# where the transformers model rounds them (each product, each rotary term, SiLU, the residual add); the one
+# difference is RMSNorm, whose scale is summed in the same pass as the product and applied after it (so no
+# kernel waits on a separate reduction), and the order of summation inside the products. Each program owns `BN`
+# output rows and streams them over K in `BLOCK_K` columns, summing in fp32; no program writes what another reads.
+
+ADD, SILU_MUL, LOGITS = 0, 1, 2
+
+# Tuned (rows per program, columns per iteration, warps) per GPU and product, keyed (kind, N, K) with kind one of
+# qkv (N = half a head), add, silu_mul, logits. `python -m spec.tune_kernels` measures them on the GPU at hand and
+# writes <cache>/kernels/<GPU name>.json, which is read first; below is what it found on an H200.
+TUNED: dict[str, dict[tuple[str, int, int], tuple[int, int, int]]] = {
+    "NVIDIA H200": {  # Llama-3.1-8B and Llama-3.2-1B (benchmarks/h200/tune_kernels.json)
+        ("qkv", 64, 4096): (2, 512, 4),
+        ("add", 4096, 4096): (8, 512, 8),
+        ("silu_mul", 14336, 4096): (8, 128, 4),
+        ("add", 4096, 14336): (8, 512, 8),
+        ("logits", 128256, 4096): (16, 256, 4),
+        ("qkv", 32, 2048): (2, 512, 4),
+        ("add", 2048, 2048): (8, 1024, 8),
+        ("silu_mul", 8192, 2048): (8, 128, 4),
+        ("add", 2048, 8192): (8, 1024, 8),
+        ("logits", 128256, 2048): (16, 128, 4),
+    },
+}
+
+
+@functools.cache
+def _tuned(device_name: str) -> dict[tuple[str, int, int], tuple[int, int, int]]:
+    table = dict(TUNED.get(device_name, {}))
+    path = tuned_path(device_name)
+    if path.is_file():
+        for row in json.loads(path.read_text())["configs"]:
+            table[(row["kind"], row["n"], row["k"])] = (row["bn"], row["block_k"], row["warps"])
+    return table
+
+
+def tuned_path(device_name: str) -> Path:
+    from spec.common import cache_root
+
+    return cache_root() / "kernels" / (re.sub(r"[^A-Za-z0-9._-]+", "_", device_name) + ".json")
+
+
+def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None) -> tuple[int, int, int]:
+    """(rows per program, columns per iteration, warps) for a one-token product of n rows and k columns: the tuned
+    entry for this GPU if there is one, else enough programs to give each multiprocessor a few."""
+    if device is not None and device.type == "cuda":
+        tuned = _tuned(torch.cuda.get_device_name(device)).get((kind, n, k))
+        if tuned:
+            return tuned
+    if kind == "qkv":
+        return min(8, _pow2(n)), 256, 4
+    return min(32, max(4, _pow2(n // 512))), 512, 4
+
+
+def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_cache, v_cache,
+             heads: int, kv_heads: int, config: tuple[int, int, int] | None = None) -> None:
+    """RMSNorm(h) [K] times the fused q/k/v weight [(heads + 2 kv_heads) * D, K] (+ bias), rotary embedding at
+    position `pos` on q and k; q into q_out [heads * D], k and v into the caches [kv_heads, capacity, D] at pos."""
+    dim = k_cache.shape[-1]
+    k = h.shape[-1]
+    pdl = _pdl(h.device)
+    bh, block_k, warps = config or gemv_config("qkv", dim // 2, k, h.device)
+    _triton().qkv_rope[(heads + 2 * kv_heads, dim // 2 // bh)](
+        h, norm_weight, eps, w_qkv, w_qkv if b_qkv is None else b_qkv, cos, sin, pos, q_out, k_cache, v_cache, k,
+        k_cache.stride(0), HEADS=heads, KV=kv_heads, D=dim, HAS_BIAS=b_qkv is not None, BH=bh, BLOCK_K=block_k,
+        PDL=pdl, num_warps=warps, launch_pdl=pdl)
+
+
+def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
+         config: tuple[int, int, int] | None = None) -> None:
+    """One-token product x [K] . weight.T with an epilogue into `out`: ADD (out [N] += y), SILU_MUL (the weight holds
+    gate then up, N rows each: out [N] = SiLU(gate) * up) or LOGITS (out [N] fp32 = y). With `norm_weight`, x is
+    RMS-normalised first."""
+    n = weight.shape[0] // (2 if epilogue == SILU_MUL else 1)
+    k = weight.shape[1]
+    kind = {ADD: "add", SILU_MUL: "silu_mul", LOGITS: "logits"}[epilogue]
+    bn, block_k, warps = config or gemv_config(kind, n, k, x.device)
+    pdl = _pdl(x.device)
+    _triton().gemv[(-(-n // bn),)](x, x if norm_weight is None else norm_weight, eps, weight, out, n, k,
+                                   NORM=norm_weight is not None, EPILOGUE=epilogue, BN=bn, BLOCK_K=block_k, PDL=pdl,
+                                   num_warps=warps, launch_pdl=pdl)

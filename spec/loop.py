@@ -112,14 +112,17 @@ def speculate(
 
     seq = prompt
     emitted = 0
+    last = None  # the last emitted token as the rule left it on the device (saves a host-to-device copy)
     while True:
         t0 = clock()
         k_now = max(0, min(policy.next_k(), max_new_tokens - emitted - 1))
         drafts, q = drafter.propose(seq, k_now, sampling, generator)  # [k'], [k', V] | None
         t1 = clock()
-        # A host tensor copied without blocking: the CPU must not wait here for the draft's kernels to finish.
-        uncached = torch.tensor(seq[target.length :], dtype=torch.long).to(device, non_blocking=True)
-        fed = torch.cat([uncached, drafts])
+        if last is not None and target.length == len(seq) - 1:
+            uncached = last
+        else:  # a host tensor copied without blocking: the CPU must not wait for the draft's kernels to finish
+            uncached = torch.tensor(seq[target.length :], dtype=torch.long).to(device, non_blocking=True)
+        fed = torch.cat([uncached, drafts]) if len(drafts) else uncached
         logits = target.forward(fed, keep=len(drafts) + 1)  # [k'+1, V]
         if sampling.greedy:
             n_kept, nxt = greedy_rule(logits[None], drafts[None])
@@ -127,6 +130,7 @@ def speculate(
             p = warp(logits, sampling)
             n_kept, nxt = accept_or_fix(p[None], None if q is None else q[None], drafts[None], generator)
         n, fix, *draft_ids = torch.cat([n_kept, nxt, drafts]).tolist()  # the round's one device -> host sync
+        last = nxt
         t2 = clock()
 
         new = draft_ids[:n] + [fix]

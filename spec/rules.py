@@ -70,6 +70,8 @@ def greedy_rule(target_logits: torch.Tensor, drafts: torch.Tensor) -> tuple[torc
     Example: argmax rows (7, 3, 9), drafts (7, 4) -> n_kept 1, next 3. Drafts (7, 3) -> n_kept 2, next 9 (bonus).
     """
     best = target_logits.argmax(-1)  # [B, K+1]
+    if drafts.shape[1] == 0:  # plain decoding: nothing to compare
+        return torch.zeros_like(best[:, 0]), best[:, 0]
     agree = best[:, : drafts.shape[1]] == drafts  # [B, K]
     n_kept = agree.long().cumprod(-1).sum(-1)  # length of the agreeing prefix
     return n_kept, best.gather(1, n_kept[:, None]).squeeze(1)

@@ -50,15 +50,17 @@ def test_static_cache_matches_eager_after_rollbacks(pair):
 
 
 def test_stale_entries_after_rollback_are_invisible(pair):
+    """Two texts that share a prefix leave different entries after it; once rolled back to the prefix, the next
+    forward cannot tell them apart. (Same shapes in both, so no matrix-product blocking differs.)"""
     static = GraphModel(pair.target.model, pair.target.vocab, max_length=64, graphs=False)
     base = [5, 6, 7, 8]
-    static.forward(base + [9, 10, 11])
-    static.rollback(len(base))
-    after_rollback = static.forward([12])
-    static.reset()
-    static.forward(base)
-    fresh = static.forward([12])
-    assert torch.equal(after_rollback, fresh)
+    outs = []
+    for tail in ([9, 10, 11], [13, 14, 15]):
+        static.reset()
+        static.forward(base + tail)
+        static.rollback(len(base))
+        outs.append(static.forward([12]))
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_bounds_and_errors(pair):
@@ -242,3 +244,95 @@ def test_split_attention_in_the_graph_backend():
         target.reset()
         top = target.forward(prompt + plain[:first], keep=1)[-1].topk(2).values
         assert float(top[0] - top[1]) < 0.1, f"divergence at token {first} is not a near-tie"
+
+
+def test_fused_step_refuses_layers_it_does_not_know(pair):
+    """The fused one-token step runs plain Llama/Qwen2 layers only; others keep the layer stack, and asking for it
+    anyway is an error that says why."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from spec.graph import fused_step_reason
+
+    assert fused_step_reason(small_model("llama", torch.float32, "cpu")) is None
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, mlp_bias=True))
+    assert "biases" in fused_step_reason(model)
+    assert not GraphModel(model, max_length=32, graphs=False).fused_step  # on a CPU it is off anyway
+    with pytest.raises(ModelError, match="biases"):
+        GraphModel(model, max_length=32, graphs=False, fused_step=True)
+
+
+def small_model(arch: str, dtype: torch.dtype, device: str = "cuda"):
+    """A two-layer Llama or Qwen2 (with q/k/v biases that matter) whose heads are big enough for the fused kernels."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    shape = dict(vocab_size=300, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=1024)
+    torch.manual_seed(0)
+    model = (LlamaForCausalLM(LlamaConfig(**shape)) if arch == "llama" else Qwen2ForCausalLM(Qwen2Config(**shape)))
+    model = model.to(device, dtype).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)  # sharp distributions, like a trained model's
+        if arch == "qwen2":
+            model.model.layers[0].self_attn.k_proj.bias.normal_()
+    return model
+
+
+@cuda
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_fused_step_matches_layer_stack(arch):
+    """The fused one-token step against the layer stack it replaces, through forwards and rollbacks (one token a
+    forward, then up to 9: the stack's verifies between fused steps): within fp32 rounding in fp32, and in bf16
+    within twice the layer stack's own error against the eager backend."""
+    from spec import kernels
+
+    if not kernels.available():
+        pytest.skip("needs Triton")
+    for dtype in (torch.float32, torch.bfloat16):
+        model = small_model(arch, dtype)
+        fused = GraphModel(model, max_length=2 * SPAN_STEP + 40, split_attention=True, fused_step=True)
+        stack = GraphModel(model, max_length=2 * SPAN_STEP + 40, split_attention=False, fused_step=False)
+        eager = CachedModel(model)
+        assert fused.fused_step and not stack.fused_step
+        # Close to a span boundary: the walk crosses it back and forth (attention reads 256 or 512 positions).
+        prompt = torch.randint(0, fused.vocab, (SPAN_STEP - 6,), generator=torch.Generator().manual_seed(7)).cuda()
+
+        def walk(a, b, max_new: int) -> float:
+            for m in (a, b):
+                m.reset()
+                m.forward(prompt)
+            return random_walk(a, b, 40, seed=8, max_new=max_new)
+
+        for max_new in (1, 9):
+            error = walk(fused, stack, max_new)
+            if dtype == torch.float32:
+                assert error < 1e-3, (max_new, error)
+            else:
+                assert error <= 2 * walk(stack, eager, max_new) + 0.05, (max_new, error)
+
+
+def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
+    """Tuned tiles come from the GPU's file first, then the shipped table; other shapes get a rule that keeps a few
+    hundred programs; the tuner only proposes tiles whose sizes divide evenly and fit the registers."""
+    from spec import kernels, tune_kernels
+
+    assert kernels.gemv_config("add", 4096, 4096) == (8, 512, 4)  # no device: the rule
+    assert kernels.gemv_config("qkv", 64, 4096) == (8, 256, 4)
+    assert kernels.TUNED["NVIDIA H200"][("add", 4096, 4096)] == (8, 512, 8)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = kernels.tuned_path("Some GPU/1")
+    assert path.parent == tmp_path / "spark-spec" / "kernels" and "/" not in path.name
+    path.parent.mkdir(parents=True)
+    path.write_text('{"configs": [{"kind": "add", "n": 4096, "k": 4096, "bn": 2, "block_k": 128, "warps": 4}]}')
+    kernels._tuned.cache_clear()
+    try:
+        assert kernels._tuned("Some GPU/1")[("add", 4096, 4096)] == (2, 128, 4)
+    finally:
+        kernels._tuned.cache_clear()
+    for kind, n in (("add", 2048), ("silu_mul", 14336), ("qkv", 32), ("logits", 128256)):
+        configs = tune_kernels.candidates(kind, n)
+        assert configs
+        for bn, block_k, warps in configs:
+            elems = bn * block_k * (2 if kind in ("qkv", "silu_mul") else 1)
+            assert 256 * warps <= elems <= 2048 * warps
+            assert kind != "qkv" or bn <= n

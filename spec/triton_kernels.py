@@ -1,0 +1,191 @@
+"""The Triton kernels behind spec/kernels.py (imported on first use: Triton is there only with CUDA). What each
+computes, and why, is documented with its wrapper in spec/kernels.py."""
+
+import triton
+import triton.language as tl
+
+# ---- split-KV attention -----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, rows_n, n_tokens, scale,
+                      stride_qh, stride_kh, splits,
+                      D: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
+                      PRECISION: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    h = tl.program_id(0)
+    s = tl.program_id(1)
+    pos = tl.load(pos_ptr)
+    rows = tl.arange(0, ROWS)
+    d = tl.arange(0, D)
+    keys = s * CHUNK + tl.arange(0, CHUNK)
+    row_ok = rows < rows_n
+    seen = pos + rows % n_tokens  # the last cache position each row may attend to
+    key_ok = keys <= pos + n_tokens - 1
+    q = tl.load(q_ptr + h * stride_qh + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    k = tl.load(k_ptr + h * stride_kh + keys[:, None] * D + d[None, :], mask=key_ok[:, None], other=0.0)
+    v = tl.load(v_ptr + h * stride_kh + keys[:, None] * D + d[None, :], mask=key_ok[:, None], other=0.0)
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [ROWS, CHUNK], fp32
+    allowed = (keys[None, :] <= seen[:, None]) & key_ok[None, :]
+    scores = tl.where(allowed, scores, float("-inf"))
+    m = tl.max(scores, 1)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    p = tl.where(allowed, tl.exp(scores - m_safe[:, None]), 0.0)
+    l = tl.sum(p, 1)
+    o = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [ROWS, D], fp32
+    base = (h * splits + s) * ROWS
+    tl.store(m_ptr + base + rows, m)
+    tl.store(l_ptr + base + rows, l)
+    tl.store(o_ptr + (base + rows[:, None]) * D + d[None, :], o)
+
+
+@triton.jit
+def attention_combine(o_ptr, m_ptr, l_ptr, out_ptr, rows_n, splits,
+                      D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    h = tl.program_id(0)
+    r = tl.program_id(1)
+    s = tl.arange(0, SPLITS)
+    d = tl.arange(0, D)
+    s_ok = s < splits
+    index = (h * splits + s) * ROWS + r
+    m = tl.load(m_ptr + index, mask=s_ok, other=float("-inf"))
+    top = tl.max(m, 0)  # finite: position 0 is visible to every row
+    w = tl.where(s_ok & (m != float("-inf")), tl.exp(m - top), 0.0)
+    l = tl.load(l_ptr + index, mask=s_ok, other=0.0)
+    o = tl.load(o_ptr + index[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)
+    out = tl.sum(w[:, None] * o, 0) / tl.sum(w * l, 0)
+    tl.store(out_ptr + (h * rows_n + r) * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+# ---- the fused one-token step -----------------------------------------------------------------------------------
+#
+# With PDL (programmatic dependent launch, Hopper and later) a kernel lets the next one start at once; the next one
+# loads its first weight tile -- weights no kernel writes -- and only then waits for this one to finish. The wait
+# is the first thing before any read of another kernel's output and before any write.
+
+
+@triton.jit
+def weight_tile(w_ptr, rows, rm, ks, K):
+    return tl.load(w_ptr + rows[:, None] * K + ks[None, :], mask=rm[:, None] & (ks < K)[None, :], other=0.0)
+
+
+@triton.jit
+def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, K, kv_stride,
+             HEADS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, HAS_BIAS: tl.constexpr,
+             BH: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    head = tl.program_id(0)  # q heads, then k heads, then v heads
+    j = tl.program_id(1) * BH + tl.arange(0, BH)  # a block of the first half of the head's dimensions
+    rows_a = head * D + j
+    rows_b = rows_a + D // 2  # their rotary partners
+    every = j >= 0
+    ks = tl.arange(0, BLOCK_K)
+    wa = weight_tile(w_ptr, rows_a, every, ks, K)
+    wb = weight_tile(w_ptr, rows_b, every, ks, K)
+    # The position, rotary tables and biases are written before the step starts: load them early too.
+    pos = tl.load(pos_ptr)
+    ca = tl.load(cos_ptr + pos * D + j).to(tl.float32)
+    cb = tl.load(cos_ptr + pos * D + D // 2 + j).to(tl.float32)
+    sa = tl.load(sin_ptr + pos * D + j).to(tl.float32)
+    sb = tl.load(sin_ptr + pos * D + D // 2 + j).to(tl.float32)
+    ba = tl.zeros([BH], tl.float32)
+    bb = tl.zeros([BH], tl.float32)
+    if HAS_BIAS:
+        ba = tl.load(b_ptr + rows_a).to(tl.float32)
+        bb = tl.load(b_ptr + rows_b).to(tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    acc_a = tl.zeros([BH, BLOCK_K], tl.float32)
+    acc_b = tl.zeros([BH, BLOCK_K], tl.float32)
+    sq = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        wa_next = weight_tile(w_ptr, rows_a, every, k0 + BLOCK_K + ks, K)
+        wb_next = weight_tile(w_ptr, rows_b, every, k0 + BLOCK_K + ks, K)
+        km = k0 + ks < K
+        x = tl.load(h_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
+        sq += x * x
+        x = x * tl.load(nw_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
+        acc_a += wa.to(tl.float32) * x[None, :]
+        acc_b += wb.to(tl.float32) * x[None, :]
+        wa = wa_next
+        wb = wb_next
+    r = tl.rsqrt(tl.sum(sq, 0) / K + eps)  # RMSNorm's scale, applied after the sum
+    ya = tl.sum(acc_a, 1) * r
+    yb = tl.sum(acc_b, 1) * r
+    dtype = q_ptr.dtype.element_ty
+    ya = (ya + ba).to(dtype).to(tl.float32)
+    yb = (yb + bb).to(dtype).to(tl.float32)
+    if head < HEADS + KV:  # q and k: x * cos + rotate_half(x) * sin, each term rounded
+        out_a = ((ya * ca).to(dtype).to(tl.float32) + (-yb * sa).to(dtype).to(tl.float32)).to(dtype)
+        out_b = ((yb * cb).to(dtype).to(tl.float32) + (ya * sb).to(dtype).to(tl.float32)).to(dtype)
+    else:
+        out_a = ya.to(dtype)
+        out_b = yb.to(dtype)
+    if head < HEADS:
+        tl.store(q_ptr + rows_a, out_a)
+        tl.store(q_ptr + rows_b, out_b)
+    elif head < HEADS + KV:
+        base = kc_ptr + (head - HEADS) * kv_stride + pos * D
+        tl.store(base + j, out_a)
+        tl.store(base + D // 2 + j, out_b)
+    else:
+        base = vc_ptr + (head - HEADS - KV) * kv_stride + pos * D
+        tl.store(base + j, out_a)
+        tl.store(base + D // 2 + j, out_b)
+
+
+@triton.jit
+def gemv(x_ptr, nw_ptr, eps, w_ptr, out_ptr, N, K,
+         NORM: tl.constexpr, EPILOGUE: tl.constexpr, BN: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    rm = rows < N
+    ks = tl.arange(0, BLOCK_K)
+    w = weight_tile(w_ptr, rows, rm, ks, K)
+    u = w
+    if EPILOGUE == 1:  # SILU_MUL: rows N.. of the weight are the up projection
+        u = weight_tile(w_ptr, rows + N, rm, ks, K)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    acc = tl.zeros([BN, BLOCK_K], tl.float32)
+    acc_up = tl.zeros([BN, BLOCK_K], tl.float32)
+    sq = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        w_next = weight_tile(w_ptr, rows, rm, k0 + BLOCK_K + ks, K)
+        u_next = w_next
+        if EPILOGUE == 1:
+            u_next = weight_tile(w_ptr, rows + N, rm, k0 + BLOCK_K + ks, K)
+        km = k0 + ks < K
+        x = tl.load(x_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
+        if NORM:
+            sq += x * x
+            x = x * tl.load(nw_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * x[None, :]
+        if EPILOGUE == 1:
+            acc_up += u.to(tl.float32) * x[None, :]
+        w = w_next
+        u = u_next
+    y = tl.sum(acc, 1)
+    up = tl.sum(acc_up, 1)
+    if NORM:  # RMSNorm's scale, applied after the sum
+        r = tl.rsqrt(tl.sum(sq, 0) / K + eps)
+        y = y * r
+        up = up * r
+    dtype = x_ptr.dtype.element_ty
+    y = y.to(dtype).to(tl.float32)
+    if EPILOGUE == 0:  # ADD: the residual stream += y
+        h = tl.load(out_ptr + rows, mask=rm, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rows, (h + y).to(dtype), mask=rm)
+    elif EPILOGUE == 1:
+        up = up.to(dtype).to(tl.float32)
+        silu = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32)
+        tl.store(out_ptr + rows, (silu * up).to(dtype), mask=rm)
+    else:  # LOGITS: the head's output in the model's dtype, stored as fp32
+        tl.store(out_ptr + rows, y, mask=rm)

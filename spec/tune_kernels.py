@@ -1,0 +1,212 @@
+"""Tune the fused one-token step's kernels (spec/kernels.py) for the GPU at hand.
+
+Each product of a decode step -- q/k/v with RMSNorm and rotary embedding, o and down added into the residual,
+gate/up with SiLU, the head -- is one Triton kernel whose speed depends on how many output rows a program owns
+(BN), how many columns it reads per iteration (BLOCK_K) and its warps. This measures every sensible combination on
+the model pair's own weights: a CUDA graph runs the kernel once per layer, each layer's distinct weights, so they
+stream from memory as in a real step (not from L2), and the time per product is the replay time over the layers.
+It checks each combination's output against the untuned default's, and times cuBLAS on the same weights beside it.
+
+    python -m spec.tune_kernels --pair llama-random
+    python -m spec.tune_kernels --pair qwen-coder
+
+Writes the winners to <cache>/kernels/<GPU name>.json, which the graph backend reads from then on, and the whole
+sweep to results/tune_kernels-<time>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from spec import kernels, log
+from spec.bench_engine import copy_bandwidth
+from spec.cli import add_model_args, load_from_args, save_json, table
+from spec.graph import GraphModel
+
+
+def _time_graph(run, layers: int, replays: int = 20) -> float:
+    """Microseconds per product: a CUDA graph of `run(i)` for every layer i, replayed, median of three batches."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(layers):
+            run(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(layers):
+            run(i)
+    graph.replay()
+    times = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / replays / layers)
+    return statistics.median(times)
+
+
+def candidates(kind: str, n: int) -> list[tuple[int, int, int]]:
+    """Configurations worth timing: between 32 and 16384 programs, 1-16k weight elements per iteration."""
+    out = []
+    for bn in (2, 4, 8, 16, 32, 64):
+        if kind == "qkv" and bn > n:
+            continue
+        programs = -(-n // bn)
+        if kind != "qkv" and not 32 <= programs <= 16384:
+            continue
+        for block_k in (128, 256, 512, 1024):
+            elems = bn * block_k * (2 if kind in ("qkv", "silu_mul") else 1)
+            for warps in (4, 8):
+                if 256 * warps <= elems <= 2048 * warps:
+                    out.append((bn, block_k, warps))
+    return out
+
+
+def products(model: GraphModel) -> dict[str, dict]:
+    """The step's products on this model's weights: for each kind, a runner per (layer, config), the bytes one
+    product reads, its shape key, and a cuBLAS runner for the same weights."""
+    dev, dtype = model.device, model.cos.dtype
+    hidden = model.model.config.get_text_config().hidden_size
+    layers = model.layers
+    h = torch.randn(hidden, device=dev, dtype=dtype)
+    attn = torch.randn(model.heads * model.head_dim, device=dev, dtype=dtype)
+    act = torch.randn(model.intermediate, device=dev, dtype=dtype)
+    q = torch.empty(model.heads * model.head_dim, device=dev, dtype=dtype)
+    gu_out = torch.empty(model.intermediate, device=dev, dtype=dtype)
+    head_w = model.model.lm_head.weight
+    logits = torch.empty(head_w.shape[0], device=dev, dtype=torch.float32)
+    residual = [torch.randn(hidden, device=dev, dtype=dtype) for _ in layers]
+    start = residual[0].clone()
+    norm = model.model.model.norm
+    half = model.head_dim // 2
+
+    def qkv(i, c):
+        norm1, (w, b), *_ = layers[i]
+        kernels.qkv_rope(h, norm1.weight, norm1.variance_epsilon, w, b, model.cos, model.sin, model.pos, q,
+                         model.k_cache[i], model.v_cache[i], model.heads, model.kv_heads, config=c)
+        return q  # (and the caches' position 0, which `check` adds)
+
+    def o(i, c):
+        kernels.gemv(attn, layers[i][2].weight, residual[i], kernels.ADD, config=c)
+        return residual[i]
+
+    def gate_up(i, c):
+        norm2, w = layers[i][3], layers[i][4][0]
+        kernels.gemv(h, w, gu_out, kernels.SILU_MUL, norm2.weight, norm2.variance_epsilon, config=c)
+        return gu_out
+
+    def down(i, c):
+        kernels.gemv(act, layers[i][6].weight, residual[i], kernels.ADD, config=c)
+        return residual[i]
+
+    def head(i, c):
+        kernels.gemv(h, head_w, logits, kernels.LOGITS, norm.weight, norm.variance_epsilon, config=c)
+        return logits
+
+    size = lambda w: w.numel() * w.element_size()  # noqa: E731
+    n_layers = len(layers)
+    reset = lambda: residual[0].copy_(start)  # noqa: E731
+    return {
+        "qkv": dict(run=qkv, check=lambda out: torch.cat([out, model.k_cache[0][:, 0].flatten(),
+                                                          model.v_cache[0][:, 0].flatten()]),
+                    key=("qkv", half, hidden), layers=n_layers, bytes=size(layers[0][1][0]),
+                    cublas=lambda i: F.linear(h, *layers[i][1])),
+        "o": dict(run=o, reset=reset, key=("add", hidden, attn.numel()), layers=n_layers, bytes=size(layers[0][2].weight),
+                  cublas=lambda i: F.linear(attn, layers[i][2].weight)),
+        "gate_up": dict(run=gate_up, key=("silu_mul", model.intermediate, hidden), layers=n_layers,
+                        bytes=size(layers[0][4][0]), cublas=lambda i: F.linear(h, layers[i][4][0])),
+        "down": dict(run=down, reset=reset, key=("add", hidden, model.intermediate), layers=n_layers,
+                     bytes=size(layers[0][6].weight), cublas=lambda i: F.linear(act, layers[i][6].weight)),
+        "head": dict(run=head, key=("logits", head_w.shape[0], hidden), layers=1, bytes=size(head_w), cublas=lambda i: F.linear(h, head_w)),
+    }
+
+
+def tune(model: GraphModel, bandwidth: float, role: str) -> list[dict]:
+    rows = []
+    for name, p in products(model).items():
+        kind, n, k = p["key"]
+        default = kernels.gemv_config(kind, n, k)  # the rule, not a tuned entry
+        reset = p.get("reset", lambda: None)  # `add` kernels accumulate into the residual: start it over
+        reset()
+        check = p.get("check", lambda out: out)
+        reference = check(p["run"](0, default)).float().clone()
+        scale = float(reference.abs().max()) or 1.0
+        results = []
+        configs = candidates(kind, n)
+        with log.bar(total=len(configs), desc=f"{role} {name}") as bar:
+            for config in configs:
+                reset()
+                error = float((check(p["run"](0, config)).float() - reference).abs().max()) / scale
+                us = _time_graph(lambda i: p["run"](i, config), p["layers"])
+                results.append({"config": config, "us": us, "error": error})
+                bar.update()
+        ok = [r for r in results if r["error"] < 2e-2]
+        best = min(ok, key=lambda r: r["us"])
+        cublas_us = _time_graph(p["cublas"], p["layers"])
+        default_us = next(r["us"] for r in results if r["config"] == default) if default in configs else \
+            _time_graph(lambda i: p["run"](i, default), p["layers"])
+        rows.append({
+            "role": role, "product": name, "kind": kind, "n": n, "k": k, "bn": best["config"][0],
+            "block_k": best["config"][1], "warps": best["config"][2], "us": best["us"],
+            "tb_s": p["bytes"] / best["us"] / 1e6, "of_copy": p["bytes"] / best["us"] / 1e-6 / bandwidth,
+            "default_us": default_us, "cublas_us": cublas_us, "rejected": len(results) - len(ok),
+            "sweep": [{"config": r["config"], "us": r["us"], "error": r["error"]} for r in results],
+        })
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m spec.tune_kernels", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(parser)
+    parser.add_argument("--no-save", action="store_true", help="print the table; do not write the GPU's config file")
+    args = parser.parse_args(argv)
+    args.backend = "eager"
+    if not kernels.available():
+        sys.exit("error: tuning needs a CUDA device and Triton")
+    pair = load_from_args(args)
+    if pair.device.type != "cuda":
+        sys.exit("error: tuning needs a CUDA device (pass --device cuda)")
+    bandwidth = copy_bandwidth(pair.device)
+    rows = []
+    with torch.no_grad():
+        for role in ("target", "draft"):
+            m = getattr(pair, role)
+            if m is None:
+                continue
+            rows += tune(GraphModel(m.model, m.vocab, name=role, max_length=256), bandwidth, role)
+    name = torch.cuda.get_device_name(pair.device)
+    print(table(rows, [("role", "s"), ("product", "s"), ("n", "d"), ("k", "d"), ("bn", "d"), ("block_k", "d"),
+                       ("warps", "d"), ("us", ".2f"), ("tb_s", ".2f"), ("of_copy", ".2f"), ("default_us", ".2f"),
+                       ("cublas_us", ".2f"), ("rejected", "d")]))
+    total = {role: sum(r["us"] * (1 if r["product"] == "head" else len(getattr(pair, role).model.model.layers))
+                       for r in rows if r["role"] == role) for role in ("target", "draft")}
+    print("products per step (tuned), ms:", ", ".join(f"{role} {us / 1e3:.3f}" for role, us in total.items()))
+    data = {"device_name": name, "pair": pair.name, "dtype": str(pair.dtype).removeprefix("torch."),
+            "bandwidth_gb_s": bandwidth / 1e9, "products_ms": {r: us / 1e3 for r, us in total.items()}, "rows": rows}
+    path = save_json("tune_kernels", data)
+    if not args.no_save:
+        target = kernels.tuned_path(name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        old = json.loads(target.read_text())["configs"] if target.is_file() else []
+        keys = {(r["kind"], r["n"], r["k"]) for r in rows}
+        configs = [c for c in old if (c["kind"], c["n"], c["k"]) not in keys] + [
+            {key: r[key] for key in ("kind", "n", "k", "bn", "block_k", "warps", "us")} for r in rows]
+        target.write_text(json.dumps({"device_name": name, "configs": configs}, indent=1))
+        kernels._tuned.cache_clear()
+        print(f"wrote {target}")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
