@@ -223,11 +223,12 @@ class GraphModel:
         kernels.gemv(h, head, logits.view(-1), kernels.LOGITS, norm.weight, norm.variance_epsilon)
         return logits[:, : self.vocab]
 
-    def _logits(self, ids: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
-        """fp32 logits of every position of `ids`: the fused step for one token, else the layer stack."""
+    def _logits(self, ids: torch.Tensor, span: torch.Tensor, keep: int | None = None) -> torch.Tensor:
+        """fp32 logits of the last `keep` (default all) positions of `ids`: the fused step for one token, else the
+        layer stack (whose head then runs on those positions only)."""
         if self.fused_step and ids.shape[0] == 1:
             return self._step(ids, span.shape[0])
-        return self._head(self._run_body(ids, span))
+        return self._head(self._run_body(ids, span)[ids.shape[0] - (keep or ids.shape[0]) :])
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> fp32 logits [n, vocab], rounded like the eager backend (head in the model's dtype)."""
@@ -288,10 +289,8 @@ class GraphModel:
             static_ids.copy_(ids)
             graph.replay()
             out = logits[n - keep :].clone()  # the next replay overwrites `logits`
-        elif self.fused_step and n == 1:
-            out = self._logits(ids, span)
         else:
-            out = self._head(self._run_body(ids, span)[n - keep :])
+            out = self._logits(ids, span, keep)
         self.length += n
         return out
 

@@ -123,7 +123,7 @@ def _(q, k_cache, v_cache, pos, span, n_tokens, scale):
 # kernels between them it costs about ten kernels per layer, and on an H200 each kernel boundary costs a few
 # microseconds of a 1B step's ~60 per layer. These kernels fold the small work into the products themselves:
 #
-#   qkv_rope:      RMSNorm (prologue) -> q/k/v product (+ bias) -> rotary embedding -> q out, k and v into the cache
+#   qkv_rope:      RMSNorm -> q/k/v product (+ bias) -> rotary embedding -> q out, k and v into the cache
 #   gemv(ADD):     o or down product, added into the residual stream in place
 #   gemv(SILU_MUL): RMSNorm -> gate and up products -> SiLU(gate) * up
 #   gemv(LOGITS):  final RMSNorm -> head product -> fp32 logits
