@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from spec import log
+from spec import kernels, log
 from spec.cli import add_model_args, load_from_args, save_json, table
 from spec.common import CachedModel, ModelError, sync_time
 from spec.drafters import ModelDrafter, NoDrafter
@@ -166,8 +166,9 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--reps", type=int, default=20, help="forwards per timed batch (default 20)")
     g.add_argument("--k", type=int, default=4, help="drafts per round for the round overhead (default 4)")
     g.add_argument("--backends", default="eager,graph",
-                   help="comma-separated: eager, graph (compiled, fused one-token step), graph-unfused (compiled, "
-                        "the layer stack for every forward), graph-nocompile, static (the graph backend's static "
+                   help="comma-separated: eager, graph (compiled, fused one-token step), graph-rows (graph with the "
+                        "fused 2-16-token kernels for verifies), graph-unfused (compiled, the layer stack for every "
+                        "forward), graph-nocompile, static (the graph backend's static "
                         "cache without graphs or compilation; runs on a CPU) (default eager,graph)")
     g.add_argument("--parts", default="speed,exactness", help="speed and/or exactness (default both)")
     g.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: --ns must be comma-separated integers, got {args.ns!r}")
     backends = args.backends.split(",")
     parts = args.parts.split(",")
-    unknown = (set(backends) - {"eager", "graph", "graph-unfused", "graph-nocompile", "static"}
+    unknown = (set(backends) - {"eager", "graph", "graph-rows", "graph-unfused", "graph-nocompile", "static"}
                | set(parts) - {"speed", "exactness"})
     if unknown or min(ns) < 1 or args.context < 2 or args.tokens < 2:
         sys.exit(f"error: bad options {sorted(unknown) or ''}: see --help")
@@ -192,9 +193,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for backend in backends:
             roles = (("target", pair.target), ("draft", pair.draft))
-            if backend == "graph-unfused":
+            if backend in ("graph-unfused", "graph-rows"):
+                rows = backend == "graph-rows"
                 models[backend] = {role: GraphModel(m.model, m.vocab, role, max_length, compile=True,
-                                                    fused_step=False) for role, m in roles}
+                                                    fused_step=rows,
+                                                    fused_tokens=kernels.MAX_FUSED_TOKENS if rows else None)
+                                   for role, m in roles}
             elif backend.startswith("graph"):
                 models[backend] = {role: make_model(m.model, m.vocab, "graph", role, max_length,
                                                     compile=backend == "graph") for role, m in roles}

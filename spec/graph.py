@@ -102,7 +102,7 @@ class GraphModel:
 
     def __init__(self, model, vocab: int | None = None, name: str = "model", max_length: int | None = None,
                  graphs: bool = True, compile: bool = False, split_attention: bool | None = None,
-                 fused_step: bool | None = None):
+                 fused_step: bool | None = None, fused_tokens: int | None = None):
         reason = unsupported_reason(model)
         if reason:
             raise ModelError(f"{name}: the graph backend cannot run this model: {reason}")
@@ -155,13 +155,22 @@ class GraphModel:
             split_attention = (self.device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
                                and kernels.available() and kernels.suits_head_dim(self.head_dim))
         self.split_attention = split_attention
-        # The one-token step as five fused kernels a layer (spec/kernels.py) wherever the split kernel runs and the
-        # layers are the plain Llama/Qwen2 ones; verifies (n >= 2) and prefills keep the layer stack below.
+        # The one-token step (draft steps, plain decoding) as five fused kernels a layer (spec/kernels.py) wherever
+        # the split kernel runs and the layers are the plain Llama/Qwen2 ones. `fused_tokens` (up to
+        # kernels.MAX_FUSED_TOKENS) is the most tokens a forward takes there: by default 1, so verifies keep the
+        # compiled layer stack below, which was measured; the fused 2-16-token kernels are there to be measured
+        # against it (`--backends graph-rows` in spec.bench_engine). Prefills always keep the stack.
         if fused_step is None:
             fused_step = split_attention and fused_step_reason(model) is None
         elif fused_step and fused_step_reason(model):
             raise ModelError(f"{name}: the fused step cannot run this model: {fused_step_reason(model)}")
         self.fused_step = fused_step
+        if fused_tokens is None:
+            fused_tokens = 1 if fused_step else 0
+        if not 0 <= fused_tokens <= kernels.MAX_FUSED_TOKENS or (fused_tokens and not fused_step):
+            raise ValueError(f"fused_tokens must be 0-{kernels.MAX_FUSED_TOKENS} (and 0 without the fused step), "
+                             f"got {fused_tokens}")
+        self.fused_tokens = fused_tokens
         self.body = torch.compile(self._body, fullgraph=True) if compile else self._body
         self.compiled = compile
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
@@ -203,32 +212,36 @@ class GraphModel:
         return self.model.model.norm(h)
 
     def _step(self, ids: torch.Tensor, span: int) -> torch.Tensor:
-        """The fused one-token forward (spec/kernels.py): ids [1] -> fp32 logits [1, vocab]. Same caches and the same
-        rounding of every intermediate as `_body` + `_head`, except each product's RMSNorm input (its scale is
-        applied after the sum); the order of summation inside the products differs."""
-        h = self.model.model.embed_tokens(ids).view(-1)  # the residual stream [hidden], updated in place
-        q = torch.empty(self.heads * self.head_dim, dtype=h.dtype, device=h.device)
-        act = torch.empty(self.intermediate, dtype=h.dtype, device=h.device)
+        """The fused forward of n <= kernels.MAX_FUSED_TOKENS tokens (spec/kernels.py): ids [n] -> fp32 logits
+        [n, vocab]. Same caches and the same rounding of every intermediate as `_body` + `_head`, except each
+        product's RMSNorm input (its scale is applied after the sum); the order of summation inside the products
+        differs."""
+        n = ids.shape[0]
+        h = self.model.model.embed_tokens(ids)  # the residual stream [n, hidden], updated in place
+        q = torch.empty((self.heads, n, self.head_dim), dtype=h.dtype, device=h.device)  # head-major
+        act = torch.empty((n, self.intermediate), dtype=h.dtype, device=h.device)
         head = self.model.lm_head.weight
-        logits = torch.empty((1, head.shape[0]), dtype=torch.float32, device=h.device)  # every row, as eager
-        q_heads = q.view(self.kv_heads, self.heads // self.kv_heads, self.head_dim)
+        logits = torch.empty((n, head.shape[0]), dtype=torch.float32, device=h.device)  # every row, as eager
+        # Query heads that share a K/V head are the attention's extra rows, as in `_body`: [kv, groups * n, D].
+        q_rows = q.view(self.kv_heads, self.heads // self.kv_heads * n, self.head_dim)
         for i, (norm1, (w_qkv, b_qkv), o_proj, norm2, (w_gu, _), _, down) in enumerate(self.layers):
             kernels.qkv_rope(h, norm1.weight, norm1.variance_epsilon, w_qkv, b_qkv, self.cos, self.sin, self.pos, q,
                              self.k_cache[i], self.v_cache[i], self.heads, self.kv_heads)
-            out = kernels.decode_attention(q_heads, self.k_cache[i], self.v_cache[i], self.pos, span, 1, self.scaling)
-            kernels.gemv(out.view(-1), o_proj.weight, h, kernels.ADD)
+            out = kernels.decode_attention(q_rows, self.k_cache[i], self.v_cache[i], self.pos, span, n, self.scaling)
+            kernels.gemv(out, o_proj.weight, h, kernels.ADD, head_major=self.head_dim)
             kernels.gemv(h, w_gu, act, kernels.SILU_MUL, norm2.weight, norm2.variance_epsilon)
             kernels.gemv(act, down.weight, h, kernels.ADD)
         norm = self.model.model.norm
-        kernels.gemv(h, head, logits.view(-1), kernels.LOGITS, norm.weight, norm.variance_epsilon)
+        kernels.gemv(h, head, logits, kernels.LOGITS, norm.weight, norm.variance_epsilon)
         return logits[:, : self.vocab]
 
     def _logits(self, ids: torch.Tensor, span: torch.Tensor, keep: int | None = None) -> torch.Tensor:
-        """fp32 logits of the last `keep` (default all) positions of `ids`: the fused step for one token, else the
-        layer stack (whose head then runs on those positions only)."""
-        if self.fused_step and ids.shape[0] == 1:
-            return self._step(ids, span.shape[0])
-        return self._head(self._run_body(ids, span)[ids.shape[0] - (keep or ids.shape[0]) :])
+        """fp32 logits of the last `keep` (default all) positions of `ids`: the fused kernels for up to
+        `fused_tokens` tokens, else the layer stack (whose head then runs on those positions only)."""
+        n = ids.shape[0]
+        if n <= self.fused_tokens:
+            return self._step(ids, span.shape[0])[n - (keep or n) :]
+        return self._head(self._run_body(ids, span)[n - (keep or n) :])
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> fp32 logits [n, vocab], rounded like the eager backend (head in the model's dtype)."""

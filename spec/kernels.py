@@ -133,13 +133,18 @@ def _(q, k_cache, v_cache, pos, span, n_tokens, scale):
 # difference is RMSNorm, whose scale is summed in the same pass as the product and applied after it (so no
 # kernel waits on a separate reduction), and the order of summation inside the products. Each program owns `BN`
 # output rows and streams them over K in `BLOCK_K` columns, summing in fp32; no program writes what another reads.
+#
+# The same wrappers take 2-16 tokens ([M, K] inputs) for a fused verify (GraphModel(fused_tokens=16)): tensor-core
+# products with the tokens padded to 16 columns (gemv_rows), q/k/v as a product into fp32 and a rotary kernel a head
+# (rope_rows). Their tiles add a software-pipelining depth and are tuned apart (kinds "<kind>_rows").
 
-ADD, SILU_MUL, LOGITS = 0, 1, 2
+ADD, SILU_MUL, LOGITS, RAW = 0, 1, 2, 3
+MAX_FUSED_TOKENS = 16  # tokens one fused forward takes: the width of a tensor-core tile
 
 # Tuned (rows per program, columns per iteration, warps) per GPU and product, keyed (kind, N, K) with kind one of
 # qkv (N = half a head), add, silu_mul, logits. `python -m spec.tune_kernels` measures them on the GPU at hand and
 # writes <cache>/kernels/<GPU name>.json, which is read first; below is what it found on an H200.
-TUNED: dict[str, dict[tuple[str, int, int], tuple[int, int, int]]] = {
+TUNED: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = {
     "NVIDIA H200": {  # Llama-3.1-8B and Llama-3.2-1B (benchmarks/h200/tune_kernels.json)
         ("qkv", 64, 4096): (2, 512, 4),
         ("add", 4096, 4096): (8, 512, 8),
@@ -151,17 +156,23 @@ TUNED: dict[str, dict[tuple[str, int, int], tuple[int, int, int]]] = {
         ("silu_mul", 8192, 2048): (8, 128, 4),
         ("add", 2048, 8192): (8, 1024, 8),
         ("logits", 128256, 2048): (16, 128, 4),
+        # 2-16 tokens (tuned at 9), 8B: (rows, columns, warps, pipeline stages)
+        ("add_rows", 4096, 4096): (64, 128, 4, 6),
+        ("silu_mul_rows", 14336, 4096): (128, 64, 4, 4),
+        ("add_rows", 4096, 14336): (32, 256, 2, 6),
+        ("logits_rows", 128256, 4096): (128, 128, 8, 3),
     },
 }
 
 
 @functools.cache
-def _tuned(device_name: str) -> dict[tuple[str, int, int], tuple[int, int, int]]:
+def _tuned(device_name: str) -> dict[tuple[str, int, int], tuple[int, ...]]:
     table = dict(TUNED.get(device_name, {}))
     path = tuned_path(device_name)
     if path.is_file():
         for row in json.loads(path.read_text())["configs"]:
-            table[(row["kind"], row["n"], row["k"])] = (row["bn"], row["block_k"], row["warps"])
+            table[(row["kind"], row["n"], row["k"])] = tuple(row[key] for key in ("bn", "block_k", "warps", "stages")
+                                                                if key in row)
     return table
 
 
@@ -171,42 +182,113 @@ def tuned_path(device_name: str) -> Path:
     return cache_root() / "kernels" / (re.sub(r"[^A-Za-z0-9._-]+", "_", device_name) + ".json")
 
 
-def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None) -> tuple[int, int, int]:
-    """(rows per program, columns per iteration, warps) for a one-token product of n rows and k columns: the tuned
-    entry for this GPU if there is one, else enough programs to give each multiprocessor a few."""
+def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
+                tokens: int = 1) -> tuple[int, ...]:
+    """The tiles for a product of n rows and k columns over `tokens` tokens: the tuned entry for this GPU if there
+    is one, else a rule that gives each multiprocessor a few programs. One token: (rows per program, columns per
+    iteration, warps); 2-16 tokens (kind + "_rows"): the same and the software-pipelining depth."""
+    if tokens > 1:
+        kind += "_rows"
     if device is not None and device.type == "cuda":
         tuned = _tuned(torch.cuda.get_device_name(device)).get((kind, n, k))
         if tuned:
             return tuned
     if kind == "qkv":
         return min(8, _pow2(n)), 256, 4
+    if kind in ("silu_mul_rows", "logits_rows"):
+        return 128, 64, 4, 4
+    if kind.endswith("_rows"):
+        return 32, 256, 2, 6
     return min(32, max(4, _pow2(n // 512))), 512, 4
 
 
+def _launch(kernel, grid, config: tuple[int, ...], pdl: bool, *args, **constexprs) -> None:
+    """Launch with a config's warps (and pipelining depth, for the 2-16-token kernels) and PDL where it runs."""
+    stages = {"num_stages": config[3]} if len(config) > 3 else {}
+    kernel[grid](*args, **constexprs, PDL=pdl, num_warps=config[2], launch_pdl=pdl, **stages)
+
+
+def _precision(x: torch.Tensor) -> str:
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
 def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_cache, v_cache,
-             heads: int, kv_heads: int, config: tuple[int, int, int] | None = None) -> None:
-    """RMSNorm(h) [K] times the fused q/k/v weight [(heads + 2 kv_heads) * D, K] (+ bias), rotary embedding at
-    position `pos` on q and k; q into q_out [heads * D], k and v into the caches [kv_heads, capacity, D] at pos."""
+             heads: int, kv_heads: int, config: tuple[int, ...] | None = None) -> None:
+    """RMSNorm(h) [M, K] (or [K]: one token) times the fused q/k/v weight [(heads + 2 kv_heads) * D, K] (+ bias),
+    rotary embedding of token m at position pos + m on q and k; q into q_out, head-major [heads, M, D], k and v into
+    the caches [kv_heads, capacity, D] at pos + m. M <= MAX_FUSED_TOKENS."""
     dim = k_cache.shape[-1]
-    k = h.shape[-1]
+    tokens, k = (1, h.shape[0]) if h.dim() == 1 else h.shape
     pdl = _pdl(h.device)
-    bh, block_k, warps = config or gemv_config("qkv", dim // 2, k, h.device)
-    _triton().qkv_rope[(heads + 2 * kv_heads, dim // 2 // bh)](
-        h, norm_weight, eps, w_qkv, w_qkv if b_qkv is None else b_qkv, cos, sin, pos, q_out, k_cache, v_cache, k,
-        k_cache.stride(0), HEADS=heads, KV=kv_heads, D=dim, HAS_BIAS=b_qkv is not None, BH=bh, BLOCK_K=block_k,
-        PDL=pdl, num_warps=warps, launch_pdl=pdl)
+    config = config or gemv_config("qkv", dim // 2, k, h.device, tokens)
+    bias = w_qkv if b_qkv is None else b_qkv
+    if tokens == 1:
+        if dim // 2 % config[0]:
+            raise ValueError(f"head size {dim}: {config[0]} rows a program do not tile half a head")
+        _launch(_triton().qkv_rope, (heads + 2 * kv_heads, dim // 2 // config[0]), config, pdl, h, norm_weight, eps,
+                w_qkv, bias, cos, sin, pos, q_out, k_cache, v_cache, k, k_cache.stride(0), HEADS=heads, KV=kv_heads,
+                D=dim, HAS_BIAS=b_qkv is not None, BH=config[0], BLOCK_K=config[1])
+        return
+    # 2-16 tokens: the product (its rows spread over every multiprocessor) into fp32, then one program a head for
+    # the bias, rounding and rotary embedding. (A product of 6144 rows in programs that own whole heads' rotary
+    # pairs has too few programs to keep an H200's memory busy: 30 µs for the 8B's q/k/v, against 16 for cuBLAS.
+    # This split has not been timed yet.)
+    _check_tokens(tokens)
+    config = fit_shared_memory(config, h.element_size(), 1)
+    n = w_qkv.shape[0]
+    y = torch.empty((tokens, n), dtype=torch.float32, device=h.device)
+    _launch(_triton().gemv_rows, (-(-n // config[0]),), config, pdl, h, norm_weight, eps, w_qkv, y, tokens, n, k,
+            NORM=True, EPILOGUE=RAW, XD=0, BN=config[0], BLOCK_K=config[1], MP=MAX_FUSED_TOKENS,
+            PRECISION=_precision(h))
+    _launch(_triton().rope_rows, (heads + 2 * kv_heads,), (0, 0, 4), pdl, y, bias, cos, sin, pos, q_out, k_cache,
+            v_cache, tokens, k_cache.stride(0), HEADS=heads, KV=kv_heads, D=dim, HAS_BIAS=b_qkv is not None,
+            MP=MAX_FUSED_TOKENS)
 
 
 def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
-         config: tuple[int, int, int] | None = None) -> None:
-    """One-token product x [K] . weight.T with an epilogue into `out`: ADD (out [N] += y), SILU_MUL (the weight holds
-    gate then up, N rows each: out [N] = SiLU(gate) * up) or LOGITS (out [N] fp32 = y). With `norm_weight`, x is
-    RMS-normalised first."""
+         config: tuple[int, ...] | None = None, head_major: int = 0) -> None:
+    """The product x . weight.T of M tokens x [M, K] (or [K]: one token) with an epilogue into `out` [M, N]: ADD
+    (out += y), SILU_MUL (the weight holds gate then up, N rows each: out = SiLU(gate) * up) or LOGITS (out fp32 =
+    y). With `norm_weight`, x is RMS-normalised first. `head_major` = D reads x as [K // D, M, D] (the attention's
+    output) instead of [M, K]. M <= MAX_FUSED_TOKENS."""
     n = weight.shape[0] // (2 if epilogue == SILU_MUL else 1)
     k = weight.shape[1]
+    tokens = x.numel() // k
     kind = {ADD: "add", SILU_MUL: "silu_mul", LOGITS: "logits"}[epilogue]
-    bn, block_k, warps = config or gemv_config(kind, n, k, x.device)
+    config = config or gemv_config(kind, n, k, x.device, tokens)
     pdl = _pdl(x.device)
-    _triton().gemv[(-(-n // bn),)](x, x if norm_weight is None else norm_weight, eps, weight, out, n, k,
-                                   NORM=norm_weight is not None, EPILOGUE=epilogue, BN=bn, BLOCK_K=block_k, PDL=pdl,
-                                   num_warps=warps, launch_pdl=pdl)
+    args = (x, x if norm_weight is None else norm_weight, eps, weight, out)
+    constexprs = dict(NORM=norm_weight is not None, EPILOGUE=epilogue, BN=config[0], BLOCK_K=config[1])
+    grid = (-(-n // config[0]),)
+    if tokens == 1:
+        _launch(_triton().gemv, grid, config, pdl, *args, n, k, **constexprs)
+    else:
+        _check_tokens(tokens)
+        config = fit_shared_memory(config, x.element_size(), 2 if epilogue == SILU_MUL else 1)
+        constexprs.update(BN=config[0], BLOCK_K=config[1])
+        _launch(_triton().gemv_rows, grid, config, pdl, *args, tokens, n, k, **constexprs, XD=head_major,
+                MP=MAX_FUSED_TOKENS, PRECISION=_precision(x))
+
+
+SHARED_MEMORY = 180 * 1024  # what the 2-16-token kernels' pipeline buffers may take (an H100/H200 has 227 KB)
+
+
+def fit_shared_memory(config: tuple[int, ...], element_size: int, weights: int) -> tuple[int, ...]:
+    """A 2-16-token config whose pipeline buffers -- stages x (weight tiles + the tokens' input tile) -- fit in
+    SHARED_MEMORY: fewer stages (down to 2), then fewer columns. Tiles tuned for bf16 hold twice the bytes in fp32
+    (seen on an H200: 267 KB asked for, 227 KB there)."""
+    bn, block_k, warps, stages = config
+
+    def size(block_k: int, stages: int) -> int:
+        return stages * (weights * bn + MAX_FUSED_TOKENS) * block_k * element_size
+
+    while stages > 2 and size(block_k, stages) > SHARED_MEMORY:
+        stages -= 1
+    while block_k > 16 and size(block_k, stages) > SHARED_MEMORY:
+        block_k //= 2
+    return bn, block_k, warps, stages
+
+
+def _check_tokens(tokens: int) -> None:
+    if tokens > MAX_FUSED_TOKENS:
+        raise ValueError(f"the fused kernels take at most {MAX_FUSED_TOKENS} tokens at once, got {tokens}")

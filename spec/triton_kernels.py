@@ -75,6 +75,48 @@ def weight_tile(w_ptr, rows, rm, ks, K):
 
 
 @triton.jit
+def first_tiles(w_ptr, rows, rm, ks, K, N, EPILOGUE: tl.constexpr):
+    """A product's first weight tile, and for SILU_MUL the up projection's (rows N.. of the weight): loaded before
+    the wait for the previous kernel."""
+    w = weight_tile(w_ptr, rows, rm, ks, K)
+    u = w
+    if EPILOGUE == 1:
+        u = weight_tile(w_ptr, rows + N, rm, ks, K)
+    return w, u
+
+
+@triton.jit
+def store_epilogue(out, ok, y, up, like_ptr, EPILOGUE: tl.constexpr):
+    """ADD (0): out += y; SILU_MUL (1): out = SiLU(y) * up; LOGITS (2): out = y, fp32. Each rounded to the model's
+    dtype (like_ptr's) where the transformers model rounds; RAW (3): out = y, fp32, unrounded (for rope_rows)."""
+    dtype = like_ptr.dtype.element_ty
+    if EPILOGUE != 3:
+        y = y.to(dtype).to(tl.float32)
+    if EPILOGUE == 0:  # the residual stream, in place
+        h = tl.load(out, mask=ok, other=0.0).to(tl.float32)
+        tl.store(out, (h + y).to(dtype), mask=ok)
+    elif EPILOGUE == 1:
+        up = up.to(dtype).to(tl.float32)
+        silu = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32)
+        tl.store(out, (silu * up).to(dtype), mask=ok)
+    else:
+        tl.store(out, y, mask=ok)
+
+
+@triton.jit
+def rotary(ya, yb, ca, cb, sa, sb, rotate, like_ptr):
+    """A head's two halves, rounded to like_ptr's dtype: for q and k (`rotate`) x * cos + rotate_half(x) * sin, each
+    term rounded as transformers rounds it; for v as they are."""
+    dtype = like_ptr.dtype.element_ty
+    out_a = ya.to(dtype)
+    out_b = yb.to(dtype)
+    if rotate:
+        out_a = ((ya * ca).to(dtype).to(tl.float32) + (-yb * sa).to(dtype).to(tl.float32)).to(dtype)
+        out_b = ((yb * cb).to(dtype).to(tl.float32) + (ya * sb).to(dtype).to(tl.float32)).to(dtype)
+    return out_a, out_b
+
+
+@triton.jit
 def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, K, kv_stride,
              HEADS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, HAS_BIAS: tl.constexpr,
              BH: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
@@ -121,12 +163,7 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr,
     dtype = q_ptr.dtype.element_ty
     ya = (ya + ba).to(dtype).to(tl.float32)
     yb = (yb + bb).to(dtype).to(tl.float32)
-    if head < HEADS + KV:  # q and k: x * cos + rotate_half(x) * sin, each term rounded
-        out_a = ((ya * ca).to(dtype).to(tl.float32) + (-yb * sa).to(dtype).to(tl.float32)).to(dtype)
-        out_b = ((yb * cb).to(dtype).to(tl.float32) + (ya * sb).to(dtype).to(tl.float32)).to(dtype)
-    else:
-        out_a = ya.to(dtype)
-        out_b = yb.to(dtype)
+    out_a, out_b = rotary(ya, yb, ca, cb, sa, sb, head < HEADS + KV, q_ptr)
     if head < HEADS:
         tl.store(q_ptr + rows_a, out_a)
         tl.store(q_ptr + rows_b, out_b)
@@ -148,10 +185,7 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, out_ptr, N, K,
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     rm = rows < N
     ks = tl.arange(0, BLOCK_K)
-    w = weight_tile(w_ptr, rows, rm, ks, K)
-    u = w
-    if EPILOGUE == 1:  # SILU_MUL: rows N.. of the weight are the up projection
-        u = weight_tile(w_ptr, rows + N, rm, ks, K)
+    w, u = first_tiles(w_ptr, rows, rm, ks, K, N, EPILOGUE)
     if PDL:
         tl.extra.cuda.gdc_wait()
     acc = tl.zeros([BN, BLOCK_K], tl.float32)
@@ -178,14 +212,114 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, out_ptr, N, K,
         r = tl.rsqrt(tl.sum(sq, 0) / K + eps)
         y = y * r
         up = up * r
-    dtype = x_ptr.dtype.element_ty
-    y = y.to(dtype).to(tl.float32)
-    if EPILOGUE == 0:  # ADD: the residual stream += y
-        h = tl.load(out_ptr + rows, mask=rm, other=0.0).to(tl.float32)
-        tl.store(out_ptr + rows, (h + y).to(dtype), mask=rm)
-    elif EPILOGUE == 1:
-        up = up.to(dtype).to(tl.float32)
-        silu = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32)
-        tl.store(out_ptr + rows, (silu * up).to(dtype), mask=rm)
-    else:  # LOGITS: the head's output in the model's dtype, stored as fp32
-        tl.store(out_ptr + rows, y, mask=rm)
+    store_epilogue(out_ptr + rows, rm, y, up, x_ptr, EPILOGUE)
+
+
+# ---- the fused forward of 2-16 tokens (a verify pass, a draft's catch-up) -----------------------------------------
+#
+# The same products for M <= MP tokens at once. Each program owns BN output rows, as above, and reads every weight
+# once for all M tokens: the weight tile [BN, BLOCK_K] is the left operand of a tensor-core product with the tokens'
+# inputs [BLOCK_K, MP] (M padded to MP = 16 columns, the smallest tile a tensor core takes), so the weight stays in
+# its own row-major layout and the loop is the plain one Triton software-pipelines (`num_stages`). The first
+# iteration is peeled: its weight tile is loaded before the wait for the previous kernel (PDL).
+
+
+@triton.jit
+def tokens_tile(x_ptr, ks, ms, mm, K, M, XD: tl.constexpr):
+    """Inputs of M tokens, transposed: [BLOCK_K, MP]. x is [M, K] (XD = 0) or head-major [K // XD, M, XD] (the
+    attention's output, XD = head size)."""
+    if XD == 0:
+        off = ms[None, :] * K + ks[:, None]
+    else:
+        off = (ks[:, None] // XD) * (M * XD) + ms[None, :] * XD + ks[:, None] % XD
+    return tl.load(x_ptr + off, mask=mm[None, :] & (ks < K)[:, None], other=0.0)
+
+
+@triton.jit
+def normed_tile(x_ptr, nw_ptr, ks, ms, mm, K, M, sq, XD: tl.constexpr, NORM: tl.constexpr):
+    """The tokens' inputs (times RMSNorm's weight, in the model's dtype) and the running sum of their squares."""
+    x = tokens_tile(x_ptr, ks, ms, mm, K, M, XD)
+    if NORM:
+        xf = x.to(tl.float32)
+        sq += tl.sum(xf * xf, 0)
+        g = tl.load(nw_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+        x = (xf * g[:, None]).to(x_ptr.dtype.element_ty)
+    return x, sq
+
+
+@triton.jit
+def gemv_rows(x_ptr, nw_ptr, eps, w_ptr, out_ptr, M, N, K,
+              NORM: tl.constexpr, EPILOGUE: tl.constexpr, XD: tl.constexpr, BN: tl.constexpr,
+              BLOCK_K: tl.constexpr, MP: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    rm = rows < N
+    ms = tl.arange(0, MP)
+    mm = ms < M
+    ks = tl.arange(0, BLOCK_K)
+    w, u = first_tiles(w_ptr, rows, rm, ks, K, N, EPILOGUE)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    sq = tl.zeros([MP], tl.float32)
+    x, sq = normed_tile(x_ptr, nw_ptr, ks, ms, mm, K, M, sq, XD, NORM)
+    acc = tl.dot(w, x, input_precision=PRECISION)  # [BN, MP], fp32
+    acc_up = acc
+    if EPILOGUE == 1:
+        acc_up = tl.dot(u, x, input_precision=PRECISION)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        x, sq = normed_tile(x_ptr, nw_ptr, k0 + ks, ms, mm, K, M, sq, XD, NORM)
+        acc = tl.dot(weight_tile(w_ptr, rows, rm, k0 + ks, K), x, acc, input_precision=PRECISION)
+        if EPILOGUE == 1:
+            acc_up = tl.dot(weight_tile(w_ptr, rows + N, rm, k0 + ks, K), x, acc_up, input_precision=PRECISION)
+    y = acc
+    up = acc_up
+    if NORM:  # RMSNorm's scale, per token, applied after the sum
+        r = tl.rsqrt(sq / K + eps)
+        y = y * r[None, :]
+        up = up * r[None, :]
+    # out is [M, N]
+    store_epilogue(out_ptr + ms[None, :] * N + rows[:, None], rm[:, None] & mm[None, :], y, up, x_ptr, EPILOGUE)
+
+
+@triton.jit
+def rope_rows(y_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, M, kv_stride,
+              HEADS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, HAS_BIAS: tl.constexpr, MP: tl.constexpr,
+              PDL: tl.constexpr):
+    """The q/k/v product's epilogue for M tokens, one program a head: y [M, (HEADS + 2 KV) * D] (fp32, RMSNorm's
+    scale applied) + bias, rounded; rotary embedding on q and k; q out head-major [HEADS, M, D], k and v into the
+    caches at pos + m. The same arithmetic as qkv_rope's epilogue."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    head = tl.program_id(0)  # q heads, then k heads, then v heads
+    j = tl.arange(0, D // 2)
+    ms = tl.arange(0, MP)
+    mm = ms < M
+    pos = tl.load(pos_ptr) + ms  # each token's position [MP]
+    table = pos[None, :] * D + j[:, None]  # [D / 2, MP]
+    ok = (j >= 0)[:, None] & mm[None, :]
+    ca = tl.load(cos_ptr + table, mask=ok, other=0.0).to(tl.float32)
+    cb = tl.load(cos_ptr + table + D // 2, mask=ok, other=0.0).to(tl.float32)
+    sa = tl.load(sin_ptr + table, mask=ok, other=0.0).to(tl.float32)
+    sb = tl.load(sin_ptr + table + D // 2, mask=ok, other=0.0).to(tl.float32)
+    ba = tl.zeros([D // 2], tl.float32)
+    bb = tl.zeros([D // 2], tl.float32)
+    if HAS_BIAS:
+        ba = tl.load(b_ptr + head * D + j).to(tl.float32)
+        bb = tl.load(b_ptr + head * D + D // 2 + j).to(tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    n = (HEADS + 2 * KV) * D
+    y = y_ptr + ms[None, :] * n + head * D + j[:, None]
+    dtype = q_ptr.dtype.element_ty
+    ya = (tl.load(y, mask=ok, other=0.0) + ba[:, None]).to(dtype).to(tl.float32)
+    yb = (tl.load(y + D // 2, mask=ok, other=0.0) + bb[:, None]).to(dtype).to(tl.float32)
+    out_a, out_b = rotary(ya, yb, ca, cb, sa, sb, head < HEADS + KV, q_ptr)
+    if head < HEADS:  # q is head-major [HEADS, M, D], the layout the attention reads
+        base = q_ptr + (head * M + ms[None, :]) * D + j[:, None]
+    elif head < HEADS + KV:
+        base = kc_ptr + (head - HEADS) * kv_stride + table
+    else:
+        base = vc_ptr + (head - HEADS - KV) * kv_stride + table
+    tl.store(base, out_a, mask=ok)
+    tl.store(base + D // 2, out_b, mask=ok)

@@ -9,6 +9,10 @@ It checks each combination's output against the untuned default's, and times cuB
 
     python -m spec.tune_kernels --pair llama-random
     python -m spec.tune_kernels --pair qwen-coder
+    python -m spec.tune_kernels --pair llama-random --tokens 9 --roles target   (the fused verify kernels)
+
+With --tokens 2-16 it tunes the kernels of a fused forward of that many tokens (`--backends graph-rows`), whose
+tiles are tensor-core products: rows per program, columns, warps and software-pipelining stages.
 
 Writes the winners to <cache>/kernels/<GPU name>.json, which the graph backend reads from then on, and the whole
 sweep to results/tune_kernels-<time>.json.
@@ -55,8 +59,16 @@ def _time_graph(run, layers: int, replays: int = 20) -> float:
     return statistics.median(times)
 
 
-def candidates(kind: str, n: int) -> list[tuple[int, int, int]]:
-    """Configurations worth timing: between 32 and 16384 programs, 1-16k weight elements per iteration."""
+def candidates(kind: str, n: int, tokens: int = 1) -> list[tuple[int, ...]]:
+    """Configurations worth timing: between 32 and 16384 programs, 1-16k weight elements per iteration (one
+    token); for 2-16 tokens, tensor-core tiles of 16-128 rows by 64-256 columns, a warp per 16 or 32 rows, and
+    3-6 pipeline stages of at most 160 KB."""
+    if tokens > 1:
+        weights = 2 if kind == "silu_mul" else 1  # (q/k/v over several tokens is a plain product, rope apart)
+        return [(bn, block_k, warps, stages) for bn in (16, 32, 64, 128) for block_k in (64, 128, 256)
+                for warps in sorted({max(1, bn * weights // 64), max(1, bn * weights // 32), 4}) for stages in (3, 4, 6)
+                if (kind == "qkv" or 32 <= -(-n // bn) <= 16384) and bn * block_k <= 16384
+                and stages * weights * bn * block_k * 2 <= 160 * 1024]
     out = []
     for bn in (2, 4, 8, 16, 32, 64):
         if kind == "qkv" and bn > n:
@@ -72,20 +84,20 @@ def candidates(kind: str, n: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def products(model: GraphModel) -> dict[str, dict]:
-    """The step's products on this model's weights: for each kind, a runner per (layer, config), the bytes one
-    product reads, its shape key, and a cuBLAS runner for the same weights."""
+def products(model: GraphModel, tokens: int = 1) -> dict[str, dict]:
+    """The products of a forward of `tokens` tokens on this model's weights: for each kind, a runner per (layer,
+    config), the bytes one product reads, its shape key, and a cuBLAS runner for the same weights."""
     dev, dtype = model.device, model.cos.dtype
     hidden = model.model.config.get_text_config().hidden_size
     layers = model.layers
-    h = torch.randn(hidden, device=dev, dtype=dtype)
-    attn = torch.randn(model.heads * model.head_dim, device=dev, dtype=dtype)
-    act = torch.randn(model.intermediate, device=dev, dtype=dtype)
-    q = torch.empty(model.heads * model.head_dim, device=dev, dtype=dtype)
-    gu_out = torch.empty(model.intermediate, device=dev, dtype=dtype)
+    h = torch.randn(tokens, hidden, device=dev, dtype=dtype)
+    attn = torch.randn(tokens, model.heads * model.head_dim, device=dev, dtype=dtype)
+    act = torch.randn(tokens, model.intermediate, device=dev, dtype=dtype)
+    q = torch.empty(tokens, model.heads * model.head_dim, device=dev, dtype=dtype)
+    gu_out = torch.empty(tokens, model.intermediate, device=dev, dtype=dtype)
     head_w = model.model.lm_head.weight
-    logits = torch.empty(head_w.shape[0], device=dev, dtype=torch.float32)
-    residual = [torch.randn(hidden, device=dev, dtype=dtype) for _ in layers]
+    logits = torch.empty(tokens, head_w.shape[0], device=dev, dtype=torch.float32)
+    residual = [torch.randn(tokens, hidden, device=dev, dtype=dtype) for _ in layers]
     start = residual[0].clone()
     norm = model.model.model.norm
     half = model.head_dim // 2
@@ -97,7 +109,7 @@ def products(model: GraphModel) -> dict[str, dict]:
         return q  # (and the caches' position 0, which `check` adds)
 
     def o(i, c):
-        kernels.gemv(attn, layers[i][2].weight, residual[i], kernels.ADD, config=c)
+        kernels.gemv(attn, layers[i][2].weight, residual[i], kernels.ADD, config=c, head_major=model.head_dim)
         return residual[i]
 
     def gate_up(i, c):
@@ -117,11 +129,11 @@ def products(model: GraphModel) -> dict[str, dict]:
     n_layers = len(layers)
     reset = lambda: residual[0].copy_(start)  # noqa: E731
     return {
-        "qkv": dict(run=qkv, check=lambda out: torch.cat([out, model.k_cache[0][:, 0].flatten(),
-                                                          model.v_cache[0][:, 0].flatten()]),
+        "qkv": dict(run=qkv, check=lambda out: torch.cat([out.flatten(), model.k_cache[0][:, :tokens].flatten(),
+                                                          model.v_cache[0][:, :tokens].flatten()]),
                     key=("qkv", half, hidden), layers=n_layers, bytes=size(layers[0][1][0]),
                     cublas=lambda i: F.linear(h, *layers[i][1])),
-        "o": dict(run=o, reset=reset, key=("add", hidden, attn.numel()), layers=n_layers, bytes=size(layers[0][2].weight),
+        "o": dict(run=o, reset=reset, key=("add", hidden, attn.shape[-1]), layers=n_layers, bytes=size(layers[0][2].weight),
                   cublas=lambda i: F.linear(attn, layers[i][2].weight)),
         "gate_up": dict(run=gate_up, key=("silu_mul", model.intermediate, hidden), layers=n_layers,
                         bytes=size(layers[0][4][0]), cublas=lambda i: F.linear(h, layers[i][4][0])),
@@ -131,18 +143,21 @@ def products(model: GraphModel) -> dict[str, dict]:
     }
 
 
-def tune(model: GraphModel, bandwidth: float, role: str) -> list[dict]:
+def tune(model: GraphModel, bandwidth: float, role: str, tokens: int = 1,
+         only: tuple[str, ...] = ("qkv", "o", "gate_up", "down", "head")) -> list[dict]:
     rows = []
-    for name, p in products(model).items():
+    for name, p in products(model, tokens).items():
+        if name not in only:
+            continue
         kind, n, k = p["key"]
-        default = kernels.gemv_config(kind, n, k)  # the rule, not a tuned entry
+        default = kernels.gemv_config(kind, n, k, tokens=tokens)  # the rule, not a tuned entry
         reset = p.get("reset", lambda: None)  # `add` kernels accumulate into the residual: start it over
         reset()
         check = p.get("check", lambda out: out)
         reference = check(p["run"](0, default)).float().clone()
         scale = float(reference.abs().max()) or 1.0
         results = []
-        configs = candidates(kind, n)
+        configs = candidates(kind, n, tokens)
         with log.bar(total=len(configs), desc=f"{role} {name}") as bar:
             for config in configs:
                 reset()
@@ -156,8 +171,9 @@ def tune(model: GraphModel, bandwidth: float, role: str) -> list[dict]:
         default_us = next(r["us"] for r in results if r["config"] == default) if default in configs else \
             _time_graph(lambda i: p["run"](i, default), p["layers"])
         rows.append({
-            "role": role, "product": name, "kind": kind, "n": n, "k": k, "bn": best["config"][0],
-            "block_k": best["config"][1], "warps": best["config"][2], "us": best["us"],
+            "role": role, "product": name, "kind": kind + ("_rows" if tokens > 1 else ""), "tokens": tokens,
+            "n": n, "k": k, "bn": best["config"][0], "block_k": best["config"][1], "warps": best["config"][2],
+            **({"stages": best["config"][3]} if tokens > 1 else {}), "us": best["us"],
             "tb_s": p["bytes"] / best["us"] / 1e6, "of_copy": p["bytes"] / best["us"] / 1e-6 / bandwidth,
             "default_us": default_us, "cublas_us": cublas_us, "rejected": len(results) - len(ok),
             "sweep": [{"config": r["config"], "us": r["us"], "error": r["error"]} for r in results],
@@ -170,6 +186,11 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(parser)
     parser.add_argument("--no-save", action="store_true", help="print the table; do not write the GPU's config file")
+    parser.add_argument("--tokens", default="1", help="forward sizes to tune, comma-separated: 1 tunes the "
+                        "one-token kernels, one of 2-16 the fused verify kernels of --backends graph-rows (one "
+                        "table serves every size; 9 is the verify of K = 8) (default: 1)")
+    parser.add_argument("--roles", default="target,draft", help="which models to tune (default: both)")
+    parser.add_argument("--products", default="qkv,o,gate_up,down,head", help="which products to tune (default: all)")
     args = parser.parse_args(argv)
     args.backend = "eager"
     if not kernels.available():
@@ -177,21 +198,32 @@ def main(argv: list[str] | None = None) -> None:
     pair = load_from_args(args)
     if pair.device.type != "cuda":
         sys.exit("error: tuning needs a CUDA device (pass --device cuda)")
+    tokens = [int(t) for t in args.tokens.split(",")]
+    if not all(1 <= t <= kernels.MAX_FUSED_TOKENS for t in tokens) or len({t > 1 for t in tokens}) < len(tokens):
+        sys.exit(f"error: --tokens takes 1 and/or one size of 2-{kernels.MAX_FUSED_TOKENS}, got {args.tokens}")
+    if not set(args.products.split(",")) <= {"qkv", "o", "gate_up", "down", "head"}:
+        sys.exit(f"error: --products takes qkv, o, gate_up, down and/or head, got {args.products}")
+    roles = args.roles.split(",")
+    if not set(roles) <= {"target", "draft"}:
+        sys.exit(f"error: --roles takes target and/or draft, got {args.roles}")
     bandwidth = copy_bandwidth(pair.device)
     rows = []
     with torch.no_grad():
-        for role in ("target", "draft"):
+        for role in roles:
             m = getattr(pair, role)
             if m is None:
                 continue
-            rows += tune(GraphModel(m.model, m.vocab, name=role, max_length=256), bandwidth, role)
+            model = GraphModel(m.model, m.vocab, name=role, max_length=256)
+            for t in tokens:
+                rows += tune(model, bandwidth, role, t, tuple(args.products.split(",")))
     name = torch.cuda.get_device_name(pair.device)
-    print(table(rows, [("role", "s"), ("product", "s"), ("n", "d"), ("k", "d"), ("bn", "d"), ("block_k", "d"),
+    print(table(rows, [("role", "s"), ("product", "s"), ("tokens", "d"), ("n", "d"), ("k", "d"), ("bn", "d"), ("block_k", "d"),
                        ("warps", "d"), ("us", ".2f"), ("tb_s", ".2f"), ("of_copy", ".2f"), ("default_us", ".2f"),
                        ("cublas_us", ".2f"), ("rejected", "d")]))
-    total = {role: sum(r["us"] * (1 if r["product"] == "head" else len(getattr(pair, role).model.model.layers))
-                       for r in rows if r["role"] == role) for role in ("target", "draft")}
-    print("products per step (tuned), ms:", ", ".join(f"{role} {us / 1e3:.3f}" for role, us in total.items()))
+    total = {f"{role} x{t}": sum(r["us"] * (1 if r["product"] == "head" else len(getattr(pair, role).model.model.layers))
+                                 for r in rows if r["role"] == role and r["tokens"] == t)
+             for role in roles for t in tokens}
+    print("products per forward (tuned), ms:", ", ".join(f"{key} tokens {us / 1e3:.3f}" for key, us in total.items()))
     data = {"device_name": name, "pair": pair.name, "dtype": str(pair.dtype).removeprefix("torch."),
             "bandwidth_gb_s": bandwidth / 1e9, "products_ms": {r: us / 1e3 for r, us in total.items()}, "rows": rows}
     path = save_json("tune_kernels", data)
@@ -201,7 +233,8 @@ def main(argv: list[str] | None = None) -> None:
         old = json.loads(target.read_text())["configs"] if target.is_file() else []
         keys = {(r["kind"], r["n"], r["k"]) for r in rows}
         configs = [c for c in old if (c["kind"], c["n"], c["k"]) not in keys] + [
-            {key: r[key] for key in ("kind", "n", "k", "bn", "block_k", "warps", "us")} for r in rows]
+            {key: r[key] for key in ("kind", "n", "k", "bn", "block_k", "warps", "stages", "us") if key in r}
+            for r in rows]
         target.write_text(json.dumps({"device_name": name, "configs": configs}, indent=1))
         kernels._tuned.cache_clear()
         print(f"wrote {target}")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from scipy import stats
@@ -260,6 +263,8 @@ def test_fused_step_refuses_layers_it_does_not_know(pair):
     assert not GraphModel(model, max_length=32, graphs=False).fused_step  # on a CPU it is off anyway
     with pytest.raises(ModelError, match="biases"):
         GraphModel(model, max_length=32, graphs=False, fused_step=True)
+    with pytest.raises(ValueError, match="fused_tokens"):  # the 2-16-token kernels come with the fused step only
+        GraphModel(model, max_length=32, graphs=False, fused_tokens=4)
 
 
 def small_model(arch: str, dtype: torch.dtype, device: str = "cuda"):
@@ -281,16 +286,17 @@ def small_model(arch: str, dtype: torch.dtype, device: str = "cuda"):
 @cuda
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_fused_step_matches_layer_stack(arch):
-    """The fused one-token step against the layer stack it replaces, through forwards and rollbacks (one token a
-    forward, then up to 9: the stack's verifies between fused steps): within fp32 rounding in fp32, and in bf16
-    within twice the layer stack's own error against the eager backend."""
+    """The fused kernels against the layer stack they replace, through forwards and rollbacks (one token a forward,
+    then 1-17: every size the fused kernels take, and 17, which goes to the stack between them): within fp32
+    rounding in fp32, and in bf16 within twice the layer stack's own error against the eager backend."""
     from spec import kernels
 
     if not kernels.available():
         pytest.skip("needs Triton")
     for dtype in (torch.float32, torch.bfloat16):
         model = small_model(arch, dtype)
-        fused = GraphModel(model, max_length=2 * SPAN_STEP + 40, split_attention=True, fused_step=True)
+        fused = GraphModel(model, max_length=2 * SPAN_STEP + 40, split_attention=True, fused_step=True,
+                           fused_tokens=kernels.MAX_FUSED_TOKENS)
         stack = GraphModel(model, max_length=2 * SPAN_STEP + 40, split_attention=False, fused_step=False)
         eager = CachedModel(model)
         assert fused.fused_step and not stack.fused_step
@@ -303,12 +309,49 @@ def test_fused_step_matches_layer_stack(arch):
                 m.forward(prompt)
             return random_walk(a, b, 40, seed=8, max_new=max_new)
 
-        for max_new in (1, 9):
+        for max_new in (1, 17):
             error = walk(fused, stack, max_new)
             if dtype == torch.float32:
                 assert error < 1e-3, (max_new, error)
             else:
                 assert error <= 2 * walk(stack, eager, max_new) + 0.05, (max_new, error)
+
+
+INTERPRETED_WALK = """
+import torch, sys
+sys.path.insert(0, "tests")
+from spec.graph import GraphModel, SPAN_STEP
+from test_graph import random_walk, small_model
+for dtype, bound in ((torch.float32, 1e-4), (torch.float16, 0.05)):
+    model = small_model("qwen2", dtype, "cpu")
+    fused = GraphModel(model, max_length=2 * SPAN_STEP + 40, graphs=False, split_attention=True, fused_step=True,
+                       fused_tokens=16)
+    stack = GraphModel(model, max_length=2 * SPAN_STEP + 40, graphs=False, split_attention=False, fused_step=False)
+    prompt = torch.randint(0, fused.vocab, (SPAN_STEP - 6,), generator=torch.Generator().manual_seed(7))
+    fused.forward(prompt)
+    stack.forward(prompt)
+    error = random_walk(fused, stack, 12, seed=8, max_new=17)
+    assert error < bound, (dtype, error)
+    assert fused.length > SPAN_STEP
+print("ok")
+"""
+
+
+def test_fused_kernels_in_tritons_interpreter():
+    """Every fused kernel -- the one-token step and the 2-16-token verify, with q/k/v biases -- against the layer
+    stack on a CPU, in Triton's interpreter (TRITON_INTERPRET=1, fp32 and fp16; set before Triton defines the
+    kernels, hence a fresh process), across a span boundary. Runs wherever Triton is installed, not in CI."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
+    run = subprocess.run([sys.executable, "-c", INTERPRETED_WALK], env=env, cwd=root, capture_output=True,
+                         text=True, timeout=900)
+    if "converted to Python scalars" in run.stderr:  # Triton 3.6's interpreter under numpy >= 2.4
+        pytest.skip("Triton's interpreter does not run with this numpy")
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
 
 
 def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
@@ -318,15 +361,24 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
 
     assert kernels.gemv_config("add", 4096, 4096) == (8, 512, 4)  # no device: the rule
     assert kernels.gemv_config("qkv", 64, 4096) == (8, 256, 4)
+    # 2-16 tokens: (rows, columns, warps, pipeline stages), a table of its own
+    assert kernels.gemv_config("add", 4096, 4096, tokens=9) == (32, 256, 2, 6)
+    assert kernels.gemv_config("silu_mul", 14336, 4096, tokens=2) == (128, 64, 4, 4)
+    # Tiles tuned for bf16 hold twice the bytes in fp32: fewer stages, then fewer columns, until they fit.
+    assert kernels.fit_shared_memory((32, 256, 2, 6), 2, 1) == (32, 256, 2, 6)
+    assert kernels.fit_shared_memory((32, 256, 2, 6), 4, 1) == (32, 256, 2, 3)
+    assert kernels.fit_shared_memory((128, 256, 4, 2), 4, 2) == (128, 64, 4, 2)
     assert kernels.TUNED["NVIDIA H200"][("add", 4096, 4096)] == (8, 512, 8)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = kernels.tuned_path("Some GPU/1")
     assert path.parent == tmp_path / "spark-spec" / "kernels" and "/" not in path.name
     path.parent.mkdir(parents=True)
-    path.write_text('{"configs": [{"kind": "add", "n": 4096, "k": 4096, "bn": 2, "block_k": 128, "warps": 4}]}')
+    path.write_text('{"configs": [{"kind": "add", "n": 4096, "k": 4096, "bn": 2, "block_k": 128, "warps": 4},'
+                    ' {"kind": "add_rows", "n": 4096, "k": 4096, "bn": 16, "block_k": 64, "warps": 1, "stages": 3}]}')
     kernels._tuned.cache_clear()
     try:
         assert kernels._tuned("Some GPU/1")[("add", 4096, 4096)] == (2, 128, 4)
+        assert kernels._tuned("Some GPU/1")[("add_rows", 4096, 4096)] == (16, 64, 1, 3)
     finally:
         kernels._tuned.cache_clear()
     for kind, n in (("add", 2048), ("silu_mul", 14336), ("qkv", 32), ("logits", 128256)):
@@ -336,3 +388,6 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
             elems = bn * block_k * (2 if kind in ("qkv", "silu_mul") else 1)
             assert 256 * warps <= elems <= 2048 * warps
             assert kind != "qkv" or bn <= n
+        for bn, block_k, warps, stages in tune_kernels.candidates(kind, n, tokens=9):  # tensor-core tiles
+            assert bn >= 16 and block_k >= 64 and warps in (1, 2, 4, 8)
+            assert stages * bn * block_k * 2 * (2 if kind == "silu_mul" else 1) <= 160 * 1024

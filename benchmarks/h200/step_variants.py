@@ -1,6 +1,7 @@
-"""ms per one-token step of the graph backend's variants on one pair, side by side in one process:
-the fused kernels with and without programmatic dependent launch, and the layer stack (not compiled), each for
-forwards of 1, 5 and 8 tokens.
+"""ms per forward of the graph backend's variants on one pair, side by side in one process: the fused kernels for
+1-16 tokens with and without programmatic dependent launch ("fused"), the fused one-token step with verifies on the
+layer stack ("fused1", the default), and the layer stack alone (not compiled), each for forwards of 1, 2, 5, 8, 9
+and 16 tokens.
 
     PYTHONPATH=. python benchmarks/h200/step_variants.py --pair llama-random --device cuda
 """
@@ -20,25 +21,31 @@ parser = argparse.ArgumentParser()
 add_model_args(parser)
 parser.add_argument("--context", type=int, default=512)
 parser.add_argument("--reps", type=int, default=50)
+parser.add_argument("--ns", default="1,2,5,8,9,16")
+parser.add_argument("--variants", default="fused+pdl,fused,fused1+pdl,stack")
 parser.add_argument("--json")
 args = parser.parse_args()
 args.backend = "eager"
 pair = load_from_args(args)
 context = torch.randint(0, pair.target.vocab, (args.context - 1,), generator=torch.Generator().manual_seed(0))
 context = context.to(pair.device)
+ns = [int(n) for n in args.ns.split(",")]
+variants = args.variants.split(",")
 rows = {}
-for variant in ("fused+pdl", "fused", "stack"):
-    kernels.PDL = variant == "fused+pdl"
+for variant in variants:
+    kernels.PDL = variant.endswith("+pdl")
     kernels._pdl.cache_clear()
     for role in ("target", "draft"):
         m = getattr(pair, role)
-        graph = GraphModel(m.model, m.vocab, role, max_length=args.context + 64, fused_step=variant != "stack")
-        for n in (1, 5, 8):
+        graph = GraphModel(m.model, m.vocab, role, max_length=args.context + 64, fused_step=variant != "stack",
+                           fused_tokens=None if variant == "stack" else 1 if variant.startswith("fused1") else 16)
+        for n in ns:
             rows[f"{role} {variant} n={n}"] = ms = step_ms(graph, context, n, args.reps, m.vocab)
-            print(f"{role:6s} {variant:10s} n={n} {ms:.3f} ms", flush=True)
+            print(f"{role:6s} {variant:10s} n={n:2d} {ms:.3f} ms", flush=True)
         del graph
-for variant in ("fused+pdl", "fused", "stack"):
+for variant in variants:
     one = rows[f"target {variant} n=1"]
-    print(f"{variant}: c {rows[f'draft {variant} n=1'] / one:.3f}, verify 8/1 {rows[f'target {variant} n=8'] / one:.3f}")
+    ratios = ", ".join(f"verify {n}/1 {rows[f'target {variant} n={n}'] / one:.3f}" for n in ns if n > 1)
+    print(f"{variant}: c {rows[f'draft {variant} n=1'] / one:.3f}, {ratios}")
 if args.json:
     json.dump({"command": " ".join(sys.argv), "ms": rows}, open(args.json, "w"), indent=1)

@@ -1,0 +1,60 @@
+"""Where a forward's time goes: the graph backend's fused kernels for n tokens, profiled one kernel at a time (no
+CUDA graph, no PDL, so each kernel's time is its own), summed per kernel name over the forward.
+
+    PYTHONPATH=. SPARK_SPEC_PDL=0 python benchmarks/h200/step_profile.py --pair llama-random --device cuda
+"""
+
+import argparse
+import collections
+import json
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from spec.cli import add_model_args, load_from_args
+from spec.graph import GraphModel
+
+parser = argparse.ArgumentParser()
+add_model_args(parser)
+parser.add_argument("--context", type=int, default=512)
+parser.add_argument("--ns", default="1,2,9")
+parser.add_argument("--json")
+args = parser.parse_args()
+args.backend = "eager"
+pair = load_from_args(args)
+out = {}
+for role in ("target", "draft"):
+    m = getattr(pair, role)
+    graph = GraphModel(m.model, m.vocab, role, max_length=args.context + 64, graphs=False, fused_step=True,
+                       fused_tokens=16)
+    context = torch.randint(0, m.vocab, (args.context - 1,), generator=torch.Generator().manual_seed(0)).cuda()
+    for n in [int(x) for x in args.ns.split(",")]:
+        ids = torch.randint(0, m.vocab, (n,), generator=torch.Generator().manual_seed(n)).cuda()
+        graph.reset()
+        graph.forward(context, keep=1)
+        for _ in range(3):
+            graph.forward(ids)
+            graph.rollback(len(context))
+        torch.cuda.synchronize()
+        reps = 5
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                graph.forward(ids)
+                graph.rollback(len(context))
+            torch.cuda.synchronize()
+        per = collections.Counter()
+        count = collections.Counter()
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                name = e.name[:60]
+                per[name] += e.device_time / reps
+                count[name] += 1 / reps
+        total = sum(per.values())
+        print(f"{role} n={n}: kernels {total / 1e3:.3f} ms")
+        for name, us in per.most_common(12):
+            print(f"   {us:9.1f} us  x{count[name]:5.1f}  {name}")
+        out[f"{role} n={n}"] = {"total_us": total, "kernels": dict(per.most_common())}
+    del graph
+if args.json:
+    json.dump({"command": " ".join(sys.argv), "profile": out}, open(args.json, "w"), indent=1)
