@@ -195,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
             roles = (("target", pair.target), ("draft", pair.draft))
             if backend in ("graph-unfused", "graph-rows"):
                 rows = backend == "graph-rows"
+                if rows and not (pair.device.type == "cuda" and kernels.available()):
+                    raise ModelError("--backends graph-rows runs Triton kernels: it needs a CUDA device and Triton")
                 models[backend] = {role: GraphModel(m.model, m.vocab, role, max_length, compile=True,
                                                     fused_step=rows,
                                                     fused_tokens=kernels.MAX_FUSED_TOKENS if rows else None)

@@ -391,3 +391,13 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
         for bn, block_k, warps, stages in tune_kernels.candidates(kind, n, tokens=9):  # tensor-core tiles
             assert bn >= 16 and block_k >= 64 and warps in (1, 2, 4, 8)
             assert stages * bn * block_k * 2 * (2 if kind == "silu_mul" else 1) <= 160 * 1024
+
+
+def test_bench_engine_refuses_fused_verify_kernels_without_cuda(capsys):
+    """`--backends graph-rows` runs Triton kernels; on a CPU it stops with a reason, not inside Triton."""
+    from spec import bench_engine
+
+    if torch.cuda.is_available():
+        pytest.skip("has a CUDA device")
+    with pytest.raises(SystemExit, match="graph-rows .* needs a CUDA device"):
+        bench_engine.main(["--pair", "tiny", "--device", "cpu", "--backends", "graph-rows", "--quiet"])
