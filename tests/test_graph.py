@@ -223,7 +223,8 @@ def test_split_attention_matches_reference(rows, n, pos, span):
 @cuda
 def test_split_attention_in_the_graph_backend():
     """bf16 graph backend with the split kernel: its logit error against the eager backend, through forwards and
-    rollbacks, is of the size SDPA's is; greedy speculation equals plain greedy decoding on it up to bf16 near-ties."""
+    rollbacks, is of the size SDPA's is; greedy speculation equals plain greedy decoding on it up to bf16 near-ties
+    (the issue's rule: a divergence where the top-2 gap is below the measured logit error)."""
     from spec import kernels
 
     if not kernels.available():
@@ -236,17 +237,19 @@ def test_split_attention_in_the_graph_backend():
         assert graph.split_attention == split
         return random_walk(graph, CachedModel(t.model, t.vocab), 100, seed=6)
 
-    assert walk(True) <= 2 * walk(False) + 0.05
+    error = walk(True)
+    assert error <= 2 * walk(False) + 0.05
     draft = GraphModel(pair.draft.model, pair.draft.vocab, max_length=512, split_attention=True)
     target = GraphModel(t.model, t.vocab, max_length=512, split_attention=True)
     prompt = list(range(40, 60))
     plain = generate(target, NoDrafter("cuda"), prompt, 60, k=0).tokens
     spec = generate(target, ModelDrafter(draft), prompt, 60, k=4).tokens
     first = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
-    if first is not None:  # allowed only at a bf16 near-tie
+    if first is not None:  # allowed only at a near-tie: a top-2 gap below the logit error measured above
         target.reset()
         top = target.forward(prompt + plain[:first], keep=1)[-1].topk(2).values
-        assert float(top[0] - top[1]) < 0.1, f"divergence at token {first} is not a near-tie"
+        gap = float(top[0] - top[1])
+        assert gap < error, f"divergence at token {first}: top-2 gap {gap:.3f} >= measured error {error:.3f}"
 
 
 def test_fused_step_refuses_layers_it_does_not_know(pair):
