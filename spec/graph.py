@@ -239,9 +239,10 @@ class GraphModel:
         """fp32 logits of the last `keep` (default all) positions of `ids`: the fused kernels for up to
         `fused_tokens` tokens, else the layer stack (whose head then runs on those positions only)."""
         n = ids.shape[0]
+        first = n - (keep or n)
         if n <= self.fused_tokens:
-            return self._step(ids, span.shape[0])[n - (keep or n) :]
-        return self._head(self._run_body(ids, span)[n - (keep or n) :])
+            return self._step(ids, span.shape[0])[first:]
+        return self._head(self._run_body(ids, span)[first:])
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> fp32 logits [n, vocab], rounded like the eager backend (head in the model's dtype)."""

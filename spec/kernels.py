@@ -233,13 +233,8 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
     # the bias, rounding and rotary embedding. (A product of 6144 rows in programs that own whole heads' rotary
     # pairs has too few programs to keep an H200's memory busy: 30 µs for the 8B's q/k/v, against 16 for cuBLAS.
     # This split has not been timed yet.)
-    _check_tokens(tokens)
-    config = fit_shared_memory(config, h.element_size(), 1)
-    n = w_qkv.shape[0]
-    y = torch.empty((tokens, n), dtype=torch.float32, device=h.device)
-    _launch(_triton().gemv_rows, (-(-n // config[0]),), config, pdl, h, norm_weight, eps, w_qkv, y, tokens, n, k,
-            NORM=True, EPILOGUE=RAW, XD=0, BN=config[0], BLOCK_K=config[1], MP=MAX_FUSED_TOKENS,
-            PRECISION=_precision(h))
+    y = torch.empty((tokens, w_qkv.shape[0]), dtype=torch.float32, device=h.device)
+    gemv(h, w_qkv, y, RAW, norm_weight, eps, config)
     _launch(_triton().rope_rows, (heads + 2 * kv_heads,), (0, 0, 4), pdl, y, bias, cos, sin, pos, q_out, k_cache,
             v_cache, tokens, k_cache.stride(0), HEADS=heads, KV=kv_heads, D=dim, HAS_BIAS=b_qkv is not None,
             MP=MAX_FUSED_TOKENS)
@@ -248,13 +243,13 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
 def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
          config: tuple[int, ...] | None = None, head_major: int = 0) -> None:
     """The product x . weight.T of M tokens x [M, K] (or [K]: one token) with an epilogue into `out` [M, N]: ADD
-    (out += y), SILU_MUL (the weight holds gate then up, N rows each: out = SiLU(gate) * up) or LOGITS (out fp32 =
-    y). With `norm_weight`, x is RMS-normalised first. `head_major` = D reads x as [K // D, M, D] (the attention's
+    (out += y), SILU_MUL (the weight holds gate then up, N rows each: out = SiLU(gate) * up), LOGITS (out fp32 =
+    y, rounded to the model's dtype) or RAW (2-16 tokens: out fp32 = y, unrounded, for rope_rows). With `norm_weight`, x is RMS-normalised first. `head_major` = D reads x as [K // D, M, D] (the attention's
     output) instead of [M, K]. M <= MAX_FUSED_TOKENS."""
     n = weight.shape[0] // (2 if epilogue == SILU_MUL else 1)
     k = weight.shape[1]
     tokens = x.numel() // k
-    kind = {ADD: "add", SILU_MUL: "silu_mul", LOGITS: "logits"}[epilogue]
+    kind = {ADD: "add", SILU_MUL: "silu_mul", LOGITS: "logits", RAW: "raw"}[epilogue]
     config = config or gemv_config(kind, n, k, x.device, tokens)
     pdl = _pdl(x.device)
     args = (x, x if norm_weight is None else norm_weight, eps, weight, out)
