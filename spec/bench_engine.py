@@ -166,8 +166,9 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--reps", type=int, default=20, help="forwards per timed batch (default 20)")
     g.add_argument("--k", type=int, default=4, help="drafts per round for the round overhead (default 4)")
     g.add_argument("--backends", default="eager,graph",
-                   help="comma-separated: eager, graph (compiled, fused one-token step), graph-rows (graph with the "
-                        "fused 2-16-token kernels for verifies), graph-unfused (compiled, the layer stack for every "
+                   help="comma-separated: eager, graph (fused kernels for forwards of 1-16 tokens, a compiled layer "
+                        "stack for longer ones), graph-stack (graph with verifies on the compiled stack: the fused "
+                        "kernels for one token only), graph-unfused (compiled, the layer stack for every "
                         "forward), graph-nocompile, static (the graph backend's static "
                         "cache without graphs or compilation; runs on a CPU) (default eager,graph)")
     g.add_argument("--parts", default="speed,exactness", help="speed and/or exactness (default both)")
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: --ns must be comma-separated integers, got {args.ns!r}")
     backends = args.backends.split(",")
     parts = args.parts.split(",")
-    unknown = (set(backends) - {"eager", "graph", "graph-rows", "graph-unfused", "graph-nocompile", "static"}
+    unknown = (set(backends) - {"eager", "graph", "graph-stack", "graph-unfused", "graph-nocompile", "static"}
                | set(parts) - {"speed", "exactness"})
     if unknown or min(ns) < 1 or args.context < 2 or args.tokens < 2:
         sys.exit(f"error: bad options {sorted(unknown) or ''}: see --help")
@@ -193,13 +194,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for backend in backends:
             roles = (("target", pair.target), ("draft", pair.draft))
-            if backend in ("graph-unfused", "graph-rows"):
-                rows = backend == "graph-rows"
-                if rows and not (pair.device.type == "cuda" and kernels.available()):
-                    raise ModelError("--backends graph-rows runs Triton kernels: it needs a CUDA device and Triton")
+            if backend in ("graph-unfused", "graph-stack"):
+                fused = backend == "graph-stack"
+                if fused and not (pair.device.type == "cuda" and kernels.available()):
+                    raise ModelError("--backends graph-stack runs Triton kernels: it needs a CUDA device and Triton")
                 models[backend] = {role: GraphModel(m.model, m.vocab, role, max_length, compile=True,
-                                                    fused_step=rows,
-                                                    fused_tokens=kernels.MAX_FUSED_TOKENS if rows else None)
+                                                    fused_step=fused, fused_tokens=1 if fused else None)
                                    for role, m in roles}
             elif backend.startswith("graph"):
                 models[backend] = {role: make_model(m.model, m.vocab, "graph", role, max_length,

@@ -155,18 +155,18 @@ class GraphModel:
             split_attention = (self.device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
                                and kernels.available() and kernels.suits_head_dim(self.head_dim))
         self.split_attention = split_attention
-        # The one-token step (draft steps, plain decoding) as five fused kernels a layer (spec/kernels.py) wherever
-        # the split kernel runs and the layers are the plain Llama/Qwen2 ones. `fused_tokens` (up to
-        # kernels.MAX_FUSED_TOKENS) is the most tokens a forward takes there: by default 1, so verifies keep the
-        # compiled layer stack below, which was measured; the fused 2-16-token kernels are there to be measured
-        # against it (`--backends graph-rows` in spec.bench_engine). Prefills always keep the stack.
+        # The one-token step (draft steps, plain decoding) and forwards of up to `fused_tokens` tokens (verifies,
+        # a draft's catch-up; at most kernels.MAX_FUSED_TOKENS, the default) as five fused kernels a layer
+        # (spec/kernels.py) wherever the split kernel runs and the layers are the plain Llama/Qwen2 ones. Longer
+        # forwards and prefills keep the layer stack below; `fused_tokens=1` sends verifies there too (measured
+        # beside the default by `--backends graph-stack` in spec.bench_engine).
         if fused_step is None:
             fused_step = split_attention and fused_step_reason(model) is None
         elif fused_step and fused_step_reason(model):
             raise ModelError(f"{name}: the fused step cannot run this model: {fused_step_reason(model)}")
         self.fused_step = fused_step
         if fused_tokens is None:
-            fused_tokens = 1 if fused_step else 0
+            fused_tokens = kernels.MAX_FUSED_TOKENS if fused_step else 0
         if not 0 <= fused_tokens <= kernels.MAX_FUSED_TOKENS or (fused_tokens and not fused_step):
             raise ValueError(f"fused_tokens must be 0-{kernels.MAX_FUSED_TOKENS} (and 0 without the fused step), "
                              f"got {fused_tokens}")

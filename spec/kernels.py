@@ -6,10 +6,13 @@ each streaming its head's entire cache, on a GPU with 132 multiprocessors. On an
 at a 512-token context, ~12% of a decode step, for 2 MB of K/V. Splitting the keys instead (flash-decoding) puts
 every multiprocessor to work:
 
-- `_partial`: one program per (K/V head, chunk of CHUNK cached positions) computes, for all query rows of that
-  head (query heads sharing the K/V head folded in as rows), the chunk's softmax numerator `o`, its row maxima `m`
-  and sums `l` in fp32; chunks past the last position any row may see load nothing;
-- `_combine`: one program per (head, row) rescales the chunks to a common maximum and normalises.
+- `attention_partial`: one program per (K/V head, chunk of CHUNK cached positions) computes, for all query rows of
+  that head (query heads sharing the K/V head folded in as rows), the chunk's softmax numerator `o`, its row maxima
+  `m` and sums `l` in fp32; chunks past the last position any row may see load nothing;
+- the combine rescales the chunks to a common maximum and normalises. For a one-token step's few rows the head's
+  last program to finish does it, in the same kernel (it learns it is last from a counter per head); a verify's
+  rows get a second kernel, `attention_combine`, a program per (head, row). (On an H200 the second kernel cost
+  1.45 µs a layer of a 1B step's ~52.)
 
 `decode_attention` is a `torch.library` custom op (opaque to torch.compile, capturable in a CUDA graph). The causal
 rule is by position: row r (token r % n) sees cache positions <= pos + r % n, so stale entries after the text are
@@ -83,6 +86,17 @@ def _triton():
     return triton_kernels
 
 
+ONE_PASS_ELEMENTS = 16384  # the most partial sums (rows x chunks x head size) the one-pass combine holds at once
+
+
+@functools.cache
+def _arrivals(device: torch.device, heads: int) -> torch.Tensor:
+    """Per K/V head, how many of its programs have finished: zero between launches (the last program resets it).
+    Allocated once, before any graph capture (the warm-up runs first), and shared by every call on the device:
+    launches on one stream never overlap."""
+    return torch.zeros(heads, dtype=torch.int32, device=device)
+
+
 @torch.library.custom_op("spark_spec::decode_attention", mutates_args=())
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, span: int,
                      n_tokens: int, scale: float) -> torch.Tensor:
@@ -92,23 +106,27 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if rows_n > MAX_ROWS:
         return masked_sdpa(q, k_cache, v_cache, pos, span, n_tokens, scale)
     q = q.contiguous()
-    # One tile height for every step and verify up to 64 rows (16 tokens at 4 query heads per K/V head); the cost
-    # of the padding rows is below the timing noise (H200, 8B step: 4.68 ms with 16-row tiles in one run, 4.70 ms with 64 in another).
-    rows = 64 if rows_n <= 64 else MAX_ROWS
+    rows = max(16, _pow2(rows_n))  # the tile's height: at least a tensor core's 16 rows
     chunk = _chunk(span)
     splits = -(-span // chunk)
+    width = max(16, _pow2(splits))
+    # A few rows (a one-token step's query heads) are combined by each head's last program to finish, in the
+    # same kernel; more (a verify's) by a second kernel, a program per row.
+    one_pass = _pow2(rows_n) if _pow2(rows_n) * width * dim <= ONE_PASS_ELEMENTS else 0
     o = torch.empty((heads, splits, rows, dim), dtype=torch.float32, device=q.device)
     m = torch.empty((heads, splits, rows), dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     out = torch.empty_like(q)
     tk = _triton()
     pdl = _pdl(q.device)
-    tk.attention_partial[(heads, splits)](q, k_cache, v_cache, pos, o, m, l, rows_n, n_tokens, scale, q.stride(0),
-                                          k_cache.stride(0), splits, D=dim, ROWS=rows, CHUNK=chunk, PDL=pdl,
+    tk.attention_partial[(heads, splits)](q, k_cache, v_cache, pos, o, m, l, out, _arrivals(q.device, heads), rows_n,
+                                          n_tokens, scale, q.stride(0), k_cache.stride(0), splits, D=dim, ROWS=rows,
+                                          CHUNK=chunk, SPLITS=width, ONE_PASS=one_pass, PDL=pdl,
                                           PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                                           num_warps=4, num_stages=2, launch_pdl=pdl)
-    tk.attention_combine[(heads, rows_n)](o, m, l, out, rows_n, splits, D=dim, ROWS=rows,
-                                          SPLITS=max(16, _pow2(splits)), PDL=pdl, num_warps=4, launch_pdl=pdl)
+    if not one_pass:
+        tk.attention_combine[(heads, rows_n)](o, m, l, out, rows_n, splits, D=dim, ROWS=rows, SPLITS=width, PDL=pdl,
+                                              num_warps=4, launch_pdl=pdl)
     return out
 
 
@@ -134,7 +152,7 @@ def _(q, k_cache, v_cache, pos, span, n_tokens, scale):
 # kernel waits on a separate reduction), and the order of summation inside the products. Each program owns `BN`
 # output rows and streams them over K in `BLOCK_K` columns, summing in fp32; no program writes what another reads.
 #
-# The same wrappers take 2-16 tokens ([M, K] inputs) for a fused verify (GraphModel(fused_tokens=16)): tensor-core
+# The same wrappers take 2-16 tokens ([M, K] inputs) for a fused verify (GraphModel's default): tensor-core
 # products with the tokens padded to 16 columns (gemv_rows), q/k/v as a product into fp32 and a rotary kernel a head
 # (rope_rows). Their tiles add a software-pipelining depth and are tuned apart (kinds "<kind>_rows").
 
@@ -157,6 +175,7 @@ TUNED: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = {
         ("add", 2048, 8192): (8, 1024, 8),
         ("logits", 128256, 2048): (16, 128, 4),
         # 2-16 tokens (tuned at 9), 8B: (rows, columns, warps, pipeline stages)
+        ("qkv_rows", 64, 4096): (64, 256, 4, 4),
         ("add_rows", 4096, 4096): (64, 128, 4, 6),
         ("silu_mul_rows", 14336, 4096): (128, 64, 4, 4),
         ("add_rows", 4096, 14336): (32, 256, 2, 6),
@@ -197,6 +216,8 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
         return min(8, _pow2(n)), 256, 4
     if kind in ("silu_mul_rows", "logits_rows"):
         return 128, 64, 4, 4
+    if kind == "qkv_rows":  # (its product spans every head's rows: the tuned 8B tile; 32 rows took 47 µs, not 17)
+        return 64, 256, 4, 4
     if kind.endswith("_rows"):
         return 32, 256, 2, 6
     return min(32, max(4, _pow2(n // 512))), 512, 4

@@ -8,10 +8,10 @@ import triton.language as tl
 
 
 @triton.jit
-def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, rows_n, n_tokens, scale,
+def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, out_ptr, count_ptr, rows_n, n_tokens, scale,
                       stride_qh, stride_kh, splits,
-                      D: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
-                      PRECISION: tl.constexpr):
+                      D: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
+                      ONE_PASS: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -36,9 +36,41 @@ def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, rows_n,
     l = tl.sum(p, 1)
     o = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [ROWS, D], fp32
     base = (h * splits + s) * ROWS
-    tl.store(m_ptr + base + rows, m)
-    tl.store(l_ptr + base + rows, l)
-    tl.store(o_ptr + (base + rows[:, None]) * D + d[None, :], o)
+    tl.store(m_ptr + base + rows, m, mask=row_ok)  # the padding rows of the tile are not stored
+    tl.store(l_ptr + base + rows, l, mask=row_ok)
+    tl.store(o_ptr + (base + rows[:, None]) * D + d[None, :], o, mask=row_ok[:, None])
+    if ONE_PASS > 0:
+        # The head's last program to finish combines its chunks: the barrier orders every warp's stores before
+        # the counter's release, whose acquire by the last program makes them visible to it; it sets the counter
+        # back to 0 for the next launch.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + h, 1, sem="acq_rel", scope="gpu")
+        if arrived == splits - 1:
+            tl.atomic_xchg(count_ptr + h, 0, sem="relaxed", scope="gpu")
+            combine_rows(o_ptr, m_ptr, l_ptr, out_ptr, h, 0, rows_n, splits, D, ROWS, SPLITS, ONE_PASS)
+
+
+@triton.jit
+def combine_rows(o_ptr, m_ptr, l_ptr, out_ptr, h, r0, rows_n, splits,
+                 D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr, RB: tl.constexpr):
+    """Rows r0..r0+RB-1 of head h: rescale the chunks' sums to a common maximum and normalise. Loads bypass L1
+    (.cg): in the one-pass kernel other programs wrote them."""
+    r = r0 + tl.arange(0, RB)
+    s = tl.arange(0, SPLITS)
+    d = tl.arange(0, D)
+    ok = (r < rows_n)[:, None] & (s < splits)[None, :]  # [RB, SPLITS]
+    index = (h * splits + s[None, :]) * ROWS + r[:, None]
+    m = tl.load(m_ptr + index, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    l = tl.load(l_ptr + index, mask=ok, other=0.0, cache_modifier=".cg")
+    o = tl.load(o_ptr + index[:, :, None] * D + d[None, None, :], mask=ok[:, :, None], other=0.0,
+                cache_modifier=".cg")  # [RB, SPLITS, D]
+    top = tl.max(m, 1)  # finite for a real row: position 0 is visible to every row
+    top = tl.where(top == float("-inf"), 0.0, top)
+    w = tl.where(ok & (m != float("-inf")), tl.exp(m - top[:, None]), 0.0)
+    den = tl.sum(w * l, 1)
+    out = tl.sum(w[:, :, None] * o, 1) / tl.where(den == 0.0, 1.0, den)[:, None]
+    tl.store(out_ptr + (h * rows_n + r[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=(r < rows_n)[:, None])
 
 
 @triton.jit
@@ -47,19 +79,7 @@ def attention_combine(o_ptr, m_ptr, l_ptr, out_ptr, rows_n, splits,
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    h = tl.program_id(0)
-    r = tl.program_id(1)
-    s = tl.arange(0, SPLITS)
-    d = tl.arange(0, D)
-    s_ok = s < splits
-    index = (h * splits + s) * ROWS + r
-    m = tl.load(m_ptr + index, mask=s_ok, other=float("-inf"))
-    top = tl.max(m, 0)  # finite: position 0 is visible to every row
-    w = tl.where(s_ok & (m != float("-inf")), tl.exp(m - top), 0.0)
-    l = tl.load(l_ptr + index, mask=s_ok, other=0.0)
-    o = tl.load(o_ptr + index[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)
-    out = tl.sum(w[:, None] * o, 0) / tl.sum(w * l, 0)
-    tl.store(out_ptr + (h * rows_n + r) * D + d, out.to(out_ptr.dtype.element_ty))
+    combine_rows(o_ptr, m_ptr, l_ptr, out_ptr, tl.program_id(0), tl.program_id(1), rows_n, splits, D, ROWS, SPLITS, 1)
 
 
 # ---- the fused one-token step -----------------------------------------------------------------------------------

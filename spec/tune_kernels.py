@@ -11,7 +11,7 @@ It checks each combination's output against the untuned default's, and times cuB
     python -m spec.tune_kernels --pair qwen-coder
     python -m spec.tune_kernels --pair llama-random --tokens 9 --roles target   (the fused verify kernels)
 
-With --tokens 2-16 it tunes the kernels of a fused forward of that many tokens (`--backends graph-rows`), whose
+With --tokens 2-16 it tunes the kernels of a fused forward of that many tokens (verifies, by default), whose
 tiles are tensor-core products: rows per program, columns, warps and software-pipelining stages.
 
 Writes the winners to <cache>/kernels/<GPU name>.json, which the graph backend reads from then on, and the whole
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     add_model_args(parser)
     parser.add_argument("--no-save", action="store_true", help="print the table; do not write the GPU's config file")
     parser.add_argument("--tokens", default="1", help="forward sizes to tune, comma-separated: 1 tunes the "
-                        "one-token kernels, one of 2-16 the fused verify kernels of --backends graph-rows (one "
+                        "one-token kernels, one of 2-16 the fused verify kernels (one "
                         "table serves every size; 9 is the verify of K = 8) (default: 1)")
     parser.add_argument("--roles", default="target,draft", help="which models to tune (default: both)")
     parser.add_argument("--products", default="qkv,o,gate_up,down,head", help="which products to tune (default: all)")

@@ -232,13 +232,14 @@ def test_split_attention_in_the_graph_backend():
     pair = load_pair("tiny", device="cuda", dtype="bfloat16")
     t = pair.target
 
-    def walk(split: bool) -> float:
-        graph = GraphModel(t.model, t.vocab, max_length=2 * SPAN_STEP + 40, split_attention=split)
+    def walk(split: bool, fused_step: bool | None = False) -> float:
+        graph = GraphModel(t.model, t.vocab, max_length=2 * SPAN_STEP + 40, split_attention=split,
+                           fused_step=fused_step)
         assert graph.split_attention == split
         return random_walk(graph, CachedModel(t.model, t.vocab), 100, seed=6)
 
-    error = walk(True)
-    assert error <= 2 * walk(False) + 0.05
+    assert walk(True) <= 2 * walk(False) + 0.05  # the split kernel alone, on the layer stack
+    error = walk(True, None)  # the backend's default: the fused kernels too (their own bound is tested below)
     draft = GraphModel(pair.draft.model, pair.draft.vocab, max_length=512, split_attention=True)
     target = GraphModel(t.model, t.vocab, max_length=512, split_attention=True)
     prompt = list(range(40, 60))
@@ -336,6 +337,16 @@ for dtype, bound in ((torch.float32, 1e-4), (torch.float16, 0.05)):
     error = random_walk(fused, stack, 12, seed=8, max_new=17)
     assert error < bound, (dtype, error)
     assert fused.length > SPAN_STEP
+# The split-KV attention alone, one-pass (a few rows) and with the second combine kernel (a verify's rows).
+from spec import kernels
+for rows, n, pos, span, dim in ((4, 1, 300, 512, 128), (2, 1, 511, 768, 32), (36, 9, 700, 768, 64)):
+    q, k, v = (torch.randn(shape, generator=torch.Generator().manual_seed(rows)) for shape in
+               ((3, rows, dim), (3, 1024, dim), (3, 1024, dim)))
+    position = torch.tensor(pos)
+    got = kernels.decode_attention(q, k, v, position, span, n, 0.1)
+    reference = kernels.masked_sdpa(q, k, v, position, span, n, 0.1)
+    assert (got - reference).abs().max() < 1e-4, (rows, n)
+    assert torch.equal(kernels.decode_attention(q, k, v, position, span, n, 0.1), got)  # its counters reset
 print("ok")
 """
 
@@ -343,7 +354,8 @@ print("ok")
 def test_fused_kernels_in_tritons_interpreter():
     """Every fused kernel -- the one-token step and the 2-16-token verify, with q/k/v biases -- against the layer
     stack on a CPU, in Triton's interpreter (TRITON_INTERPRET=1, fp32 and fp16; set before Triton defines the
-    kernels, hence a fresh process), across a span boundary. Runs wherever Triton is installed, not in CI."""
+    kernels, hence a fresh process), across a span boundary; and the split-KV attention, one-pass and two-pass,
+    against SDPA. Runs wherever Triton is installed, not in CI."""
     import subprocess
     import sys
 
@@ -397,10 +409,10 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
 
 
 def test_bench_engine_refuses_fused_verify_kernels_without_cuda(capsys):
-    """`--backends graph-rows` runs Triton kernels; on a CPU it stops with a reason, not inside Triton."""
+    """`--backends graph-stack` runs Triton kernels; on a CPU it stops with a reason, not inside Triton."""
     from spec import bench_engine
 
     if torch.cuda.is_available():
         pytest.skip("has a CUDA device")
-    with pytest.raises(SystemExit, match="graph-rows .* needs a CUDA device"):
-        bench_engine.main(["--pair", "tiny", "--device", "cpu", "--backends", "graph-rows", "--quiet"])
+    with pytest.raises(SystemExit, match="graph-stack .* needs a CUDA device"):
+        bench_engine.main(["--pair", "tiny", "--device", "cpu", "--backends", "graph-stack", "--quiet"])

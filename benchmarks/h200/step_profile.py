@@ -32,8 +32,7 @@ pair = load_from_args(args)
 out = {}
 for role in ("target", "draft"):
     m = getattr(pair, role)
-    graph = GraphModel(m.model, m.vocab, role, max_length=args.context + 64, graphs=args.graphs, fused_step=True,
-                       fused_tokens=16)
+    graph = GraphModel(m.model, m.vocab, role, max_length=args.context + 64, graphs=args.graphs, fused_step=True)
     context = torch.randint(0, m.vocab, (args.context - 1,), generator=torch.Generator().manual_seed(0)).cuda()
     for n in [int(x) for x in args.ns.split(",")]:
         ids = torch.randint(0, m.vocab, (n,), generator=torch.Generator().manual_seed(n)).cuda()

@@ -1,7 +1,7 @@
 """ms per forward of the graph backend's variants on one pair, side by side in one process: the fused kernels for
-1-16 tokens with and without programmatic dependent launch ("fused"), the fused one-token step with verifies on the
-layer stack ("fused1", the default), and the layer stack alone (not compiled), each for forwards of 1, 2, 5, 8, 9
-and 16 tokens.
+1-16 tokens with and without programmatic dependent launch ("fused", the default), the same with the attention's
+combine always a second kernel ("twopass"), the fused one-token step with verifies on the layer stack ("fused1"),
+and the layer stack alone (not compiled), each for forwards of 1, 2, 5, 8, 9 and 16 tokens.
 
     PYTHONPATH=. python benchmarks/h200/step_variants.py --pair llama-random --device cuda
 """
@@ -22,7 +22,7 @@ add_model_args(parser)
 parser.add_argument("--context", type=int, default=512)
 parser.add_argument("--reps", type=int, default=50)
 parser.add_argument("--ns", default="1,2,5,8,9,16")
-parser.add_argument("--variants", default="fused+pdl,fused,fused1+pdl,stack")
+parser.add_argument("--variants", default="fused+pdl,fused,twopass+pdl,fused1+pdl,stack")
 parser.add_argument("--json")
 args = parser.parse_args()
 args.backend = "eager"
@@ -31,10 +31,12 @@ context = torch.randint(0, pair.target.vocab, (args.context - 1,), generator=tor
 context = context.to(pair.device)
 ns = [int(n) for n in args.ns.split(",")]
 variants = args.variants.split(",")
+one_pass = kernels.ONE_PASS_ELEMENTS
 rows = {}
 for variant in variants:
     kernels.PDL = variant.endswith("+pdl")
     kernels._pdl.cache_clear()
+    kernels.ONE_PASS_ELEMENTS = 0 if variant.startswith("twopass") else one_pass
     for role in ("target", "draft"):
         m = getattr(pair, role)
         graph = GraphModel(m.model, m.vocab, role, max_length=args.context + 64, fused_step=variant != "stack",
