@@ -11,8 +11,8 @@ every multiprocessor to work:
   `m` and sums `l` in fp32; chunks past the last position any row may see load nothing;
 - the combine rescales the chunks to a common maximum and normalises. For a one-token step's few rows the head's
   last program to finish does it, in the same kernel (it learns it is last from a counter per head); a verify's
-  rows get a second kernel, `attention_combine`, a program per (head, row). (On an H200 the second kernel cost
-  1.45 µs a layer of a 1B step's ~52.)
+  rows, and a step's with many partial sums, get a second kernel, `attention_combine`, a program per (head, row)
+  (`ONE_PASS_ELEMENTS` says where, from what it measured).
 
 `decode_attention` is a `torch.library` custom op (opaque to torch.compile, capturable in a CUDA graph). The causal
 rule is by position: row r (token r % n) sees cache positions <= pos + r % n, so stale entries after the text are
@@ -86,7 +86,13 @@ def _triton():
     return triton_kernels
 
 
-ONE_PASS_ELEMENTS = 16384  # the most partial sums (rows x chunks x head size) the one-pass combine holds at once
+# The most partial sums (rows x chunks x head size) the one-pass combine takes: its last program reads them alone,
+# while the second kernel spreads them over a program per row. On an H200 at a 512-token span one pass saved 22 µs
+# of the 1B's step (4 x 16 x 64 = 4096 sums a head) and cost 21 µs of the 8B's (4 x 16 x 128 = 8192), both in
+# one process (benchmarks/h200/step_variants.py); 16384 keeps the 8B on it, as in the benchmark run that was
+# reported (4096 would move it to the second kernel: not yet run through the whole benchmark). No spills at
+# 16384 (ptxas, sm_90: 153 registers).
+ONE_PASS_ELEMENTS = 16384
 
 
 @functools.cache
