@@ -9,9 +9,9 @@ every multiprocessor to work:
 - `attention_partial`: one program per (K/V head, chunk of CHUNK cached positions) computes, for all query rows of
   that head (query heads sharing the K/V head folded in as rows), the chunk's softmax numerator `o`, its row maxima
   `m` and sums `l` in fp32; chunks past the last position any row may see load nothing;
-- the combine rescales the chunks to a common maximum and normalises. For a one-token step's few rows the head's
-  last program to finish does it, in the same kernel (it learns it is last from a counter per head); a verify's
-  rows, and a step's with many partial sums, get a second kernel, `attention_combine`, a program per (head, row)
+- the combine rescales the chunks to a common maximum and normalises. For a few rows (a one-token step's) the
+  head's last program to finish does it, in the same kernel (it learns it is last from a counter per head); a
+  verify's rows, and any with many partial sums, get a second kernel, `attention_combine`, a program per (head, row)
   (`ONE_PASS_ELEMENTS` says where, from what it measured).
 
 `decode_attention` is a `torch.library` custom op (opaque to torch.compile, capturable in a CUDA graph). The causal
@@ -87,19 +87,25 @@ def _triton():
 
 
 # The most partial sums (rows x chunks x head size) the one-pass combine takes: its last program reads them alone,
-# while the second kernel spreads them over a program per row. On an H200 at a 512-token span one pass saved 22 µs
-# of the 1B's step (4 x 16 x 64 = 4096 sums a head) and cost 21 µs of the 8B's (4 x 16 x 128 = 8192), both in
-# one process (benchmarks/h200/step_variants.py); 16384 keeps the 8B on it, as in the benchmark run that was
-# reported (4096 would move it to the second kernel: not yet run through the whole benchmark). No spills at
-# 16384 (ptxas, sm_90: 153 registers).
+# while the second kernel spreads them over a program per row. It applies wherever the rows are few: a one-token
+# step, and a 2-token catch-up of the 8B or a 2-4-token one of the 1B. On an H200 at a 512-token span one pass
+# saved 18-22 µs of the 1B's step (4 x 16 x 64 = 4096 sums a head) and cost 21-31 µs of the 8B's (4 x 16 x 128 =
+# 8192), in two runs of benchmarks/h200/step_variants.py (step_variants-onepass*); 16384 keeps the 8B on it, as in
+# the benchmark run that was reported (4096 would move it to the second kernel: not yet run through the whole
+# benchmark). No spills at 16384 (ptxas, sm_90, with the pointer and size alignment Triton specialises on: 153
+# registers for 8 rows of 128; 96 for the 8B's 4).
 ONE_PASS_ELEMENTS = 16384
 
 
 @functools.cache
 def _arrivals(device: torch.device, heads: int) -> torch.Tensor:
     """Per K/V head, how many of its programs have finished: zero between launches (the last program resets it).
-    Allocated once, before any graph capture (the warm-up runs first), and shared by every call on the device:
-    launches on one stream never overlap."""
+    Allocated once, outside any graph capture (a graph's warm-up runs first), and shared by every call on the
+    device: the kernels run on one stream, and each waits for the one before it (PDL's wait included) before it
+    touches the counters, so two launches never overlap."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("decode_attention: run it once before capturing a CUDA graph (its counters are "
+                           "allocated on first use)")
     return torch.zeros(heads, dtype=torch.int32, device=device)
 
 
@@ -258,8 +264,8 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
         return
     # 2-16 tokens: the product (its rows spread over every multiprocessor) into fp32, then one program a head for
     # the bias, rounding and rotary embedding. (A product of 6144 rows in programs that own whole heads' rotary
-    # pairs has too few programs to keep an H200's memory busy: 30 µs for the 8B's q/k/v, against 16 for cuBLAS.
-    # This split has not been timed yet.)
+    # pairs has too few programs to keep an H200's memory busy: 30 µs for the 8B's q/k/v, against 16 for cuBLAS;
+    # this split takes 16.7 at 9 tokens, benchmarks/h200/tune_kernels-qkv-rows.json.)
     y = torch.empty((tokens, w_qkv.shape[0]), dtype=torch.float32, device=h.device)
     gemv(h, w_qkv, y, RAW, norm_weight, eps, config)
     _launch(_triton().rope_rows, (heads + 2 * kv_heads,), (0, 0, 4), pdl, y, bias, cos, sin, pos, q_out, k_cache,
