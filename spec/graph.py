@@ -158,8 +158,8 @@ class GraphModel:
         # The one-token step (draft steps, plain decoding) and forwards of up to `fused_tokens` tokens (verifies,
         # a draft's catch-up; at most kernels.MAX_FUSED_TOKENS, the default) as five fused kernels a layer
         # (spec/kernels.py) wherever the split kernel runs and the layers are the plain Llama/Qwen2 ones. Longer
-        # forwards (prefills of more than that) keep the layer stack below; `fused_tokens=1` sends verifies there too (measured
-        # beside the default by `--backends graph-stack` in spec.bench_engine).
+        # forwards (prefills of more than that) keep the layer stack below; `fused_tokens=1` sends verifies there
+        # too (measured beside the default by `--backends graph-stack` in spec.bench_engine).
         if fused_step is None:
             fused_step = split_attention and fused_step_reason(model) is None
         elif fused_step and fused_step_reason(model):

@@ -134,8 +134,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     tk.attention_partial[(heads, splits)](q, k_cache, v_cache, pos, o, m, l, out, _arrivals(q.device, heads), rows_n,
                                           n_tokens, scale, q.stride(0), k_cache.stride(0), splits, D=dim, ROWS=rows,
                                           CHUNK=chunk, SPLITS=width, ONE_PASS=one_pass, PDL=pdl,
-                                          PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                                          num_warps=4, num_stages=2, launch_pdl=pdl)
+                                          PRECISION=_precision(q), num_warps=4, num_stages=2, launch_pdl=pdl)
     if not one_pass:
         tk.attention_combine[(heads, rows_n)](o, m, l, out, rows_n, splits, D=dim, ROWS=rows, SPLITS=width, PDL=pdl,
                                               num_warps=4, launch_pdl=pdl)
@@ -277,8 +276,9 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
          config: tuple[int, ...] | None = None, head_major: int = 0) -> None:
     """The product x . weight.T of M tokens x [M, K] (or [K]: one token) with an epilogue into `out` [M, N]: ADD
     (out += y), SILU_MUL (the weight holds gate then up, N rows each: out = SiLU(gate) * up), LOGITS (out fp32 =
-    y, rounded to the model's dtype) or RAW (2-16 tokens: out fp32 = y, unrounded, for rope_rows). With `norm_weight`, x is RMS-normalised first. `head_major` = D reads x as [K // D, M, D] (the attention's
-    output) instead of [M, K]. M <= MAX_FUSED_TOKENS."""
+    y, rounded to the model's dtype) or RAW (2-16 tokens: out fp32 = y, unrounded, for rope_rows). With
+    `norm_weight`, x is RMS-normalised first. `head_major` = D reads x as [K // D, M, D] (the attention's output)
+    instead of [M, K]. M <= MAX_FUSED_TOKENS."""
     n = weight.shape[0] // (2 if epilogue == SILU_MUL else 1)
     k = weight.shape[1]
     tokens = x.numel() // k
@@ -291,7 +291,8 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     if tokens == 1:
         _launch(_triton().gemv, grid, config, pdl, *args, n, k, **constexprs)
     else:
-        _check_tokens(tokens)
+        if tokens > MAX_FUSED_TOKENS:
+            raise ValueError(f"the fused kernels take at most {MAX_FUSED_TOKENS} tokens at once, got {tokens}")
         config = fit_shared_memory(config, x.element_size(), 2 if epilogue == SILU_MUL else 1)
         constexprs.update(BN=config[0], BLOCK_K=config[1])
         _launch(_triton().gemv_rows, grid, config, pdl, *args, tokens, n, k, **constexprs, XD=head_major,
@@ -315,8 +316,3 @@ def fit_shared_memory(config: tuple[int, ...], element_size: int, weights: int) 
     while block_k > 16 and size(block_k, stages) > SHARED_MEMORY:
         block_k //= 2
     return bn, block_k, warps, stages
-
-
-def _check_tokens(tokens: int) -> None:
-    if tokens > MAX_FUSED_TOKENS:
-        raise ValueError(f"the fused kernels take at most {MAX_FUSED_TOKENS} tokens at once, got {tokens}")

@@ -133,8 +133,8 @@ def products(model: GraphModel, tokens: int = 1) -> dict[str, dict]:
                                                           model.v_cache[0][:, :tokens].flatten()]),
                     key=("qkv", half, hidden), layers=n_layers, bytes=size(layers[0][1][0]),
                     cublas=lambda i: F.linear(h, *layers[i][1])),
-        "o": dict(run=o, reset=reset, key=("add", hidden, attn.shape[-1]), layers=n_layers, bytes=size(layers[0][2].weight),
-                  cublas=lambda i: F.linear(attn, layers[i][2].weight)),
+        "o": dict(run=o, reset=reset, key=("add", hidden, attn.shape[-1]), layers=n_layers,
+                  bytes=size(layers[0][2].weight), cublas=lambda i: F.linear(attn, layers[i][2].weight)),
         "gate_up": dict(run=gate_up, key=("silu_mul", model.intermediate, hidden), layers=n_layers,
                         bytes=size(layers[0][4][0]), cublas=lambda i: F.linear(h, layers[i][4][0])),
         "down": dict(run=down, reset=reset, key=("add", hidden, model.intermediate), layers=n_layers,
@@ -217,10 +217,11 @@ def main(argv: list[str] | None = None) -> None:
             for t in tokens:
                 rows += tune(model, bandwidth, role, t, tuple(args.products.split(",")))
     name = torch.cuda.get_device_name(pair.device)
-    print(table(rows, [("role", "s"), ("product", "s"), ("tokens", "d"), ("n", "d"), ("k", "d"), ("bn", "d"), ("block_k", "d"),
-                       ("warps", "d"), ("us", ".2f"), ("tb_s", ".2f"), ("of_copy", ".2f"), ("default_us", ".2f"),
-                       ("cublas_us", ".2f"), ("rejected", "d")]))
-    total = {f"{role} x{t}": sum(r["us"] * (1 if r["product"] == "head" else len(getattr(pair, role).model.model.layers))
+    print(table(rows, [("role", "s"), ("product", "s"), ("tokens", "d"), ("n", "d"), ("k", "d"), ("bn", "d"),
+                       ("block_k", "d"), ("warps", "d"), ("us", ".2f"), ("tb_s", ".2f"), ("of_copy", ".2f"),
+                       ("default_us", ".2f"), ("cublas_us", ".2f"), ("rejected", "d")]))
+    layers = {role: len(getattr(pair, role).model.model.layers) for role in roles}
+    total = {f"{role} x{t}": sum(r["us"] * (1 if r["product"] == "head" else layers[role])
                                  for r in rows if r["role"] == role and r["tokens"] == t)
              for role in roles for t in tokens}
     print("products per forward (tuned), ms:", ", ".join(f"{key} tokens {us / 1e3:.3f}" for key, us in total.items()))
