@@ -36,6 +36,7 @@ def test_summary_arithmetic():
     before = {"spec_decode_num_drafts": 5, "spec_decode_num_draft_tokens": 20, "spec_decode_num_accepted_tokens": 10}
     after = {"spec_decode_num_drafts": 15, "spec_decode_num_draft_tokens": 60, "spec_decode_num_accepted_tokens": 40}
     s = bench.summarise(rows, wall=4.0, before=before, after=after)
+    # float64 sums, ratios and medians of a few numbers (~1e-16 relative): approx's default rel 1e-6 is ample
     assert s["requests"] == 3 and s["failures"] == 1
     assert s["tok_s"] == pytest.approx(32 / 4.0) and s["req_s"] == pytest.approx(0.5)
     assert s["ttft_p50"] == pytest.approx(0.2) and s["tpot_p50"] == pytest.approx(0.1)
@@ -89,5 +90,6 @@ def test_bench_against_the_live_server(server, tmp_path):
         assert len(level["requests"]) == 3
         for request in level["requests"]:
             assert request["ok"] and request["tokens"] == 5 and request["e2e"] >= request["ttft"] > 0
-            assert request["tpot"] == pytest.approx((request["e2e"] - request["ttft"]) / 4)
+            # float64, the same (e2e - ttft) / (tokens - 1) on the same JSON-round-tripped floats: bit-identical
+            assert request["tpot"] == (request["e2e"] - request["ttft"]) / 4
     assert "api_key" not in raw["config"]

@@ -13,12 +13,12 @@ from spec import calc
 def test_the_lessons_best_k(alpha, c, best, gain):
     k, x = calc.best_k(alpha, c, max_k=16)
     assert k == best
-    assert x == pytest.approx(gain, abs=0.005)
+    assert x == pytest.approx(gain, abs=0.005)  # the lesson quotes 2 decimals: +- half a unit in the last place
 
 
 def test_alpha_half_tops_out_near_1_6x_even_with_nearly_free_drafts():
     k, x = calc.best_k(0.5, 0.05, max_k=16)
-    assert 1.55 < x < 1.7 and k == 3
+    assert 1.55 < x < 1.65 and k == 3  # "near 1.6x", 2 figures: +- half a unit in the last place
     assert max(calc.speedup(0.5, k, 0.0) for k in range(1, 33)) < 2  # the ceiling 1 / (1 - alpha)
 
 
@@ -29,6 +29,7 @@ def test_low_alpha_with_costly_drafts_loses_and_k_0_wins():
 
 def test_the_formula_is_leviathans():
     alpha, k, c = 0.8, 3, 0.2
+    # float64, the same formula in a few operations (error ~1e-15): approx's default rel 1e-6 is ample
     assert calc.speedup(alpha, k, c) == pytest.approx((1 - alpha ** (k + 1)) / ((1 - alpha) * (1 + k * c)))
     assert calc.expected_tokens(1.0, 5) == 6.0
     assert calc.expected_tokens(0.0, 5) == 1.0
@@ -39,6 +40,7 @@ def test_a_costlier_verify_lowers_the_speedup_and_the_best_k():
     flat = calc.best_k(0.8, 0.05, 16)
     steep = calc.best_k(0.8, 0.05, 16, verify={k: 1 + 0.1 * k for k in range(1, 17)})
     assert steep[1] < flat[1] and steep[0] < flat[0]
+    # float64, a few operations (0.05 x 4 + 1.5 rounds ~1e-16): approx's default rel 1e-6 is ample
     assert calc.speedup(0.8, 4, 0.05, verify=1.5) == pytest.approx(calc.expected_tokens(0.8, 4) / 1.7)
 
 

@@ -61,7 +61,8 @@ def test_forward_keeps_the_last_rows_and_cuts_the_vocabulary(tiny):
     full = model.forward([1, 2, 3, 4])
     assert full.shape == (4, 200) and full.dtype == torch.float32
     model.rollback(2)
-    assert torch.allclose(model.forward([3, 4], keep=1), full[-1:], atol=1e-5)  # other chunking, same math
+    # float32, other chunking (T = 4): |dz| <= 2 eps32 S sum sqrt(n_i) = 2 x 6e-8 x 50 x 135 = 8e-4 (as in test_dist)
+    assert torch.allclose(model.forward([3, 4], keep=1), full[-1:], rtol=0, atol=1e-3)  # other chunking, same math
 
 
 # ---- presets, device, errors ----------------------------------------------------------------------------------

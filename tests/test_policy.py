@@ -44,7 +44,9 @@ def test_converges_to_the_formulas_best_k(alpha, c, slope):
     settled = Counter(chosen[100:])
     assert abs(settled.most_common(1)[0][0] - best) <= 1
     assert settled[best] >= 0.3 * len(chosen[100:])
-    assert speedup >= 0.95 * gain
+    # The policy may cost 5%; tokens/round over 600 rounds has relative s.e. sd / (E sqrt(600)) <= 0.023 (alpha 0.7,
+    # K 4: 1.56 / 2.77 / 24.5); 5 s.e. (false failure 3e-7) below 0.95: 0.835
+    assert speedup >= 0.835 * gain
 
 
 @pytest.mark.parametrize("alpha, c, catch_up", [
@@ -54,7 +56,7 @@ def test_converges_to_the_formulas_best_k(alpha, c, slope):
 def test_a_useless_draft_turns_speculation_off_and_costs_under_5_percent(alpha, c, catch_up, rounds):
     assert calc.best_k(alpha, c, 8, 1.05)[0] == 0  # the formula agrees: nothing beats plain decoding
     speedup, chosen = simulate(AdaptiveK(max_k=8), alpha, c, slope=0.05, rounds=rounds, catch_up=catch_up)
-    assert speedup >= 0.95
+    assert speedup >= 0.95  # the bar (under 5%), not a noise bound: alpha <= 0.3 leaves only rare K = 1 probes
     assert max(chosen[20:]) <= 1  # off, but for K = 1 probes
 
 
@@ -84,6 +86,7 @@ def test_the_first_rounds_time_a_draft_step_then_a_target_step():
     assert policy.next_k() == 0
     policy.observe(Round([3], 0, 0, 0.0, 0.01, 0.01))
     alpha, c, s = policy.estimates()
+    # float64 ratios and averages of a few timings (~1e-16): approx's defaults (rel 1e-6, abs 1e-12 at 0) are ample
     assert c == pytest.approx(0.2)
     decay = 1 - 1 / 32
     assert alpha == pytest.approx((1 * decay + 1) / (2 * decay + 1))  # the prior (1 of 2), decayed once, + 1 of 1
@@ -96,6 +99,7 @@ def test_timings_after_skipped_text_go_to_catch_up_except_in_a_new_generation():
     for _ in range(10):
         policy.observe(Round([3], 0, 0, 0.0, 0.01, 0.01))  # target step 10 ms; the drafter skips 10 tokens
     policy.observe(Round([4], 1, 0, 0.012, 0.01, 0.022))  # 10 ms more than a draft step: catching up
+    # float64 averages of a few timings (~1e-16): approx's default rel 1e-6 is ample
     assert policy.catch_up.value == pytest.approx(0.1)  # target steps per skipped token
     assert policy.draft_step.value == pytest.approx(0.002)
     for _ in range(10):

@@ -31,12 +31,14 @@ def rows():
 
 def test_alpha_hat_counts_judged_drafts_not_proposed_ones(rows):
     greedy_k2 = [r for r in rows if r["method"] == "draft" and r["k"] == 2 and r["mode"] == "greedy"]
+    # float64 ratios of small counts (~1e-16 relative): approx's default rel 1e-6 is ample, here and below
     assert sweep.alpha_hat(greedy_k2) == pytest.approx(60 / 80)  # 60 kept, 60 + 20 judged
     assert sweep.alpha_hat([row(0, "a", "draft", 4, 5, 1, 1.0, 4, 4, 0)]) == 1.0  # all kept, none rejected
 
 
 def test_summary_speedups_spread_and_fits(rows):
     summary = sweep.summarize(rows, COSTS, [1, 2])
+    # float64 sums and ratios of a few numbers and calc's formulas (~1e-15 relative): approx's default rel 1e-6 ample
     by = {(r["method"], r["k"]): r for r in summary["rows"]}
     assert by[("plain", 0)]["x"] == pytest.approx(1.0)
     k2 = by[("draft", 2)]
@@ -118,6 +120,7 @@ def test_cost_only_mode_predicts_at_the_given_alpha(prompts, tmp_path, capsys):
     assert "best K predicted at alpha 0.8 = " in out
     assert data["mode"] == "cost-only" and [r["k"] for r in data["summary"]] == [1, 2, 4]
     c, v = data["costs"]["c"], data["costs"]["verify_factor"]
+    # float64, calc.speedup on the same c and v (~1e-15 relative): approx's default rel 1e-6 is ample
     assert data["summary"][2]["predicted_x_v"] == pytest.approx(calc.speedup(0.8, 4, c, v[4]))
     assert list(tmp_path.glob("sweep-2*.png"))
 
