@@ -8,9 +8,9 @@ first text can be timed. Per request: TTFT, TPOT = (E2E - TTFT) / (output tokens
 chunks (inter-token latency; one chunk may carry several tokens), E2E; output tokens come from the usage chunk,
 never from counting chunks or characters. Per level: p50 / p90 / p99, output tok/s and requests/s over the level's
 wall time, failures, and decode tok/s = sum(tokens - 1) / sum(E2E - TTFT), the single-stream speed to compare
-with the loop's in-process tok/s. Acceptance rate (accepted / drafted tokens) and mean acceptance length (1 + accepted / drafts:
-tokens per target step) come from the server's /metrics deltas when it exports vLLM-style spec-decode counters
-(spark-spec and vLLM do; hosted APIs do not, and the row then says —).
+with the loop's in-process tok/s. Acceptance rate (accepted / drafted tokens) and mean acceptance length
+(1 + accepted / drafts: tokens per target step) come from the server's /metrics deltas when it exports vLLM-style
+spec-decode counters (spark-spec and vLLM do; hosted APIs do not, and the row then says —).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import os
 import platform
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -29,7 +29,7 @@ import numpy as np
 import openai
 
 from spec import log
-from spec.cli import RESULTS_DIR, load_prompts, save_json, table
+from spec.io import RESULTS_DIR, cell, load_prompts, save_json, table
 
 SCOREBOARD = Path("SCOREBOARD.md")
 SCOREBOARD_HEAD = """# Scoreboard
@@ -47,9 +47,10 @@ temperature when not 0) and what changed.
   step), both from the server's `/metrics` deltas over the level; — when the server exports none.
 - **fail**: requests that errored (including 429s). Hardware is the serving machine.
 
-| date | target | hardware | model | precision | method | K | conc | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | tok/s | req/s | accept | len | fail | change |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """
+SCOREBOARD_COLUMNS = ("date", "target", "hardware", "model", "precision", "method", "K", "conc", "TTFT p50 ms",
+                      "TTFT p99 ms", "TPOT p50 ms", "tok/s", "req/s", "accept", "len", "fail", "change")
+SCOREBOARD_HEAD += "| " + " | ".join(SCOREBOARD_COLUMNS) + " |\n" + "|---" * len(SCOREBOARD_COLUMNS) + "|\n"
 
 SPEC_COUNTERS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
 
@@ -170,13 +171,12 @@ async def run_level(client, metrics_client, metrics_url, model, prompts, concurr
     return {"concurrency": concurrency, "summary": summarise(rows, wall, before, after), "requests": rows}
 
 
-def cell(value, fmt: str) -> str:
-    return "—" if value is None else format(value, fmt)
-
-
 def scoreboard_row(level: dict, labels: dict) -> str:
     s = level["summary"]
-    ms = lambda v: cell(None if v is None else v * 1000, ".0f")  # noqa: E731
+
+    def ms(seconds: float | None) -> str:
+        return cell(None if seconds is None else seconds * 1000, ".0f")
+
     cells = [labels["date"], labels["target"], labels["hardware"], labels["model"], labels["precision"],
              labels["method"], labels["k"], str(level["concurrency"]), ms(s["ttft_p50"]), ms(s["ttft_p99"]),
              cell(None if s["tpot_p50"] is None else s["tpot_p50"] * 1000, ".1f"), cell(s["tok_s"], ".2f"),
@@ -270,7 +270,7 @@ async def bench(args) -> dict:
     try:
         model, served = await served_model(client, args.model)
         labels = {
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "target": args.target,
+            "date": datetime.now(UTC).strftime("%Y-%m-%d"), "target": args.target,
             "hardware": args.hardware or default_hardware(), "model": model,
             "precision": args.precision or served.get("dtype", "—"), "method": args.method or served.get("method", "—"),
             "k": args.k or served.get("k", "—"), "change": conditions(args),

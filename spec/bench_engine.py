@@ -19,32 +19,24 @@ Writes results/bench_engine-<time>.json and a PNG of the per-step costs.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 
 import torch
+import transformers
 
-from spec import kernels, log
-from spec.cli import add_model_args, load_from_args, save_json, table
-from spec.common import CachedModel, ModelError, sync_time
+from spec import log, plots
+from spec.cli import add_model_args, load_from_args
 from spec.drafters import ModelDrafter, NoDrafter
-from spec.graph import GraphModel, make_model
+from spec.harness import copy_bandwidth
+from spec.io import Results, table
 from spec.loop import generate
+from spec.models import ModelError, dtype_name, kernels, make_model, sync_time
+from spec.models.graph import GraphModel
 
 BARS = {"graph_plain_tok_s": (">=", 215.0), "c_graph": ("<=", 0.20), "verify_ratio_8_over_1": ("<=", 1.15),
         "round_overhead_k4": ("<=", 0.10)}
-
-
-def copy_bandwidth(device: torch.device, gib: float = 2.0, reps: int = 10) -> float:
-    """Device memory bandwidth in bytes/s from a large copy (bytes read + bytes written)."""
-    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    start = sync_time(device)
-    for _ in range(reps):
-        dst.copy_(src)
-    seconds = sync_time(device) - start
-    return 2 * src.numel() * reps / seconds
 
 
 def step_ms(model, context: torch.Tensor, n: int, reps: int, vocab: int) -> float:
@@ -133,156 +125,119 @@ def exactness(pair, graph_t: GraphModel, graph_d: GraphModel, prompt: list[int],
     return out
 
 
-def plot(data: dict, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for backend, models in data["steps_ms"].items():
-        for role, rows in models.items():
-            ns = sorted(int(n) for n in rows)
-            ax.plot(ns, [rows[str(n)] for n in ns], marker="o", label=f"{role} {backend}")
-    for role, ms in data["roofline_ms"].items():
-        ax.axhline(ms, linestyle="--", linewidth=1, color="gray")
-        ax.text(1, ms, f" {role} roofline", va="bottom", fontsize=8, color="gray")
-    ax.set(xscale="log", yscale="log", xlabel="new tokens per forward", ylabel="ms per forward",
-           title=f"{data['device_name']}, {data['dtype']}, context {data['context']}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+BACKENDS = ("eager", "graph", "graph-stack", "graph-unfused", "graph-nocompile", "static")
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m spec.bench_engine", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(parser)
     g = parser.add_argument_group("benchmark")
     g.add_argument("--context", type=int, default=512, help="cached context in tokens (default 512)")
     g.add_argument("--tokens", type=int, default=128, help="tokens generated per decode run (default 128)")
-    g.add_argument("--ns", default="1,2,4,5,8,9,16,32,64", help="new-token counts to time (default 1,2,4,5,8,9,16,32,64)")
+    g.add_argument("--ns", default="1,2,4,5,8,9,16,32,64",
+                   help="new-token counts to time (default 1,2,4,5,8,9,16,32,64; 1 and K + 1 are always timed)")
     g.add_argument("--reps", type=int, default=20, help="forwards per timed batch (default 20)")
     g.add_argument("--k", type=int, default=4, help="drafts per round for the round overhead (default 4)")
     g.add_argument("--backends", default="eager,graph",
-                   help="comma-separated: eager, graph (fused kernels for forwards of 1-16 tokens, a compiled layer "
-                        "stack for longer ones), graph-stack (graph with verifies on the compiled stack: the fused "
-                        "kernels for one token only), graph-unfused (compiled, the layer stack for every "
-                        "forward), graph-nocompile, static (the graph backend's static "
-                        "cache without graphs or compilation; runs on a CPU) (default eager,graph)")
+                   help="comma-separated: eager, graph (the default backend: fused kernels for forwards of 1-16 "
+                        "tokens, the uncompiled layer stack for longer ones), graph-stack (verifies on the compiled "
+                        "stack: the fused kernels for one token only), graph-unfused (compiled, the layer stack for "
+                        "every forward), graph-nocompile (never compiled), static (the graph backend's static cache "
+                        "without graphs or compilation; runs on a CPU) (default eager,graph)")
+    g.add_argument("--no-pdl", action="store_true",
+                   help="launch the Triton kernels without programmatic dependent launch (to time each on its own)")
     g.add_argument("--parts", default="speed,exactness", help="speed and/or exactness (default both)")
     g.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
     args = parser.parse_args(argv)
     try:
-        ns = sorted({int(n) for n in args.ns.split(",")})
+        args.ns = sorted({1, args.k + 1, *(int(n) for n in args.ns.split(","))})
     except ValueError:
-        sys.exit(f"error: --ns must be comma-separated integers, got {args.ns!r}")
-    backends = args.backends.split(",")
-    parts = args.parts.split(",")
-    unknown = (set(backends) - {"eager", "graph", "graph-stack", "graph-unfused", "graph-nocompile", "static"}
-               | set(parts) - {"speed", "exactness"})
-    if unknown or min(ns) < 1 or args.context < 2 or args.tokens < 2:
-        sys.exit(f"error: bad options {sorted(unknown) or ''}: see --help")
+        parser.error(f"--ns must be comma-separated integers, got {args.ns!r}")
+    args.backends = args.backends.split(",")
+    args.parts = args.parts.split(",")
+    unknown = set(args.backends) - set(BACKENDS) | set(args.parts) - {"speed", "exactness"}
+    if unknown or min(args.ns) < 1 or args.context < 2 or args.tokens < 2 or args.k < 1:
+        parser.error(f"bad options {sorted(unknown) or ''}: see --help")
+    return args
 
-    args.backend = "eager"  # the pair's own models are the eager reference; --backends adds the others
-    pair = load_from_args(args)
-    if pair.draft is None or pair.draft_tokenizer is not None:
-        sys.exit("error: the benchmark needs a same-family draft model")
-    max_length = args.context + max(args.tokens, max(ns), 64) + args.k + 8
+
+def build_backends(pair, backends: list[str], max_length: int, pdl: bool) -> dict[str, dict[str, object]]:
+    """{backend: {"target": model, "draft": model}} over the pair's own transformers models."""
     models: dict[str, dict[str, object]] = {"eager": {"target": pair.target, "draft": pair.draft}}
-    try:
-        for backend in backends:
-            roles = (("target", pair.target), ("draft", pair.draft))
-            if backend in ("graph-unfused", "graph-stack"):
-                fused = backend == "graph-stack"
-                if fused and not (pair.device.type == "cuda" and kernels.available()):
-                    raise ModelError("--backends graph-stack runs Triton kernels: it needs a CUDA device and Triton")
-                models[backend] = {role: GraphModel(m.model, m.vocab, role, max_length, compile=True,
-                                                    fused_step=fused, fused_tokens=1 if fused else None)
-                                   for role, m in roles}
-            elif backend.startswith("graph"):
-                models[backend] = {role: make_model(m.model, m.vocab, "graph", role, max_length,
-                                                    compile=backend == "graph") for role, m in roles}
-            elif backend == "static":
-                models[backend] = {role: GraphModel(m.model, m.vocab, role, max_length, graphs=False)
-                                   for role, m in roles}
-    except ModelError as err:
-        sys.exit(f"error: {err}")
-    models = {b: models[b] for b in backends}
-    gen = torch.Generator().manual_seed(0)
+    roles = (("target", pair.target), ("draft", pair.draft))
+    for backend in backends:
+        if backend in ("graph-unfused", "graph-stack"):
+            fused = backend == "graph-stack"
+            if fused and not (pair.device.type == "cuda" and kernels.available()):
+                raise ModelError("--backends graph-stack runs Triton kernels: it needs a CUDA device and Triton")
+            models[backend] = {role: GraphModel(m.model, m.vocab, role, max_length, compile=True, fused_step=fused,
+                                                fused_tokens=1 if fused else None, pdl=pdl) for role, m in roles}
+        elif backend.startswith("graph"):
+            models[backend] = {role: make_model(m.model, m.vocab, "graph", role, max_length,
+                                                compile=None if backend == "graph" else False, pdl=pdl)
+                               for role, m in roles}
+        elif backend == "static":
+            models[backend] = {role: GraphModel(m.model, m.vocab, role, max_length, graphs=False, pdl=pdl)
+                               for role, m in roles}
+    return {b: models[b] for b in backends}
+
+
+def measure_speed(pair, models: dict, args, prompt: list[int], data: dict, results: Results) -> None:
+    """Forward costs per backend and model, decode tok/s plain and speculative, round overhead, roofline, bars."""
     vocab = pair.target.vocab
-    prompt = torch.randint(0, vocab, (args.context,), generator=gen).tolist()
     context = torch.tensor(prompt, device=pair.device)
-
-    data: dict = {
-        "device_name": torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else str(pair.device),
-        "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "pair": pair.name, "dtype": str(pair.dtype).removeprefix("torch."), "context": args.context,
-        "tokens": args.tokens, "k": args.k, "backends": backends,
-        "command": "python -m spec.bench_engine " + " ".join(sys.argv[1:] if argv is None else argv),
-    }
-    if "speed" in parts:
-        bw = copy_bandwidth(pair.device) if pair.device.type == "cuda" else float("nan")
-        weights = {role: getattr(pair, role).weight_bytes() for role in ("target", "draft")}
-        data.update(bandwidth_gb_s=bw / 1e9, weight_bytes=weights, roofline_tok_s=bw / weights["target"],
-                    roofline_ms={role: b / bw * 1e3 for role, b in weights.items()})
-        data["steps_ms"] = {}
-        total = len(models) * 2 * len(ns)
-        with log.bar(total=total, desc="ms per forward") as bar:
-            for backend, pair_models in models.items():
-                data["steps_ms"][backend] = {}
-                for role, model in pair_models.items():
-                    rows = {}
-                    for n in ns:
-                        rows[str(n)] = step_ms(model, context[:-1], n, args.reps, vocab)
-                        bar.update()
-                    data["steps_ms"][backend][role] = rows
+    bw = copy_bandwidth(pair.device, megabytes=2048, reps=10, trials=1) if pair.device.type == "cuda" else math.nan
+    weights = {role: getattr(pair, role).weight_bytes() for role in ("target", "draft")}
+    data.update(bandwidth_gb_s=bw / 1e9, weight_bytes=weights, roofline_tok_s=bw / weights["target"],
+                roofline_ms={role: b / bw * 1e3 for role, b in weights.items()})
+    data["steps_ms"] = {}
+    with log.bar(total=len(models) * 2 * len(args.ns), desc="ms per forward") as bar:
         for backend, pair_models in models.items():
-            steps = data["steps_ms"][backend]
-            if "1" in steps["target"]:
-                data[f"c_{backend}"] = steps["draft"]["1"] / steps["target"]["1"]
-            if "8" in steps["target"] and "1" in steps["target"]:
-                data[f"verify_ratio_8_over_1_{backend}"] = steps["target"]["8"] / steps["target"]["1"]
-            log.info(f"decode runs, {backend} backend")
-            plain = decode_tok_s(pair_models["target"], NoDrafter(pair.device), prompt, args.tokens, 0)
-            spec = decode_tok_s(pair_models["target"], ModelDrafter(pair_models["draft"]), prompt, args.tokens,
-                                args.k)
-            data[f"{backend}_plain_tok_s"] = plain["tok_s"]
-            data[f"{backend}_spec_k{args.k}"] = {key: v for key, v in spec.items() if key != "tokens"}
-            kernel = args.k * steps["draft"].get("1", float("nan")) + steps["target"].get(str(args.k + 1),
-                                                                                            float("nan"))
-            data[f"{backend}_round_overhead_k{args.k}"] = 1 - kernel / spec["round_ms"]
-        headline = next((b for b in ("graph", "graph-nocompile", "static") if b in models), None)
-        if headline:
-            # The issue's headline keys come from the fastest graph backend that ran; `graph_backend` names it.
-            data["graph_backend"] = headline
-            data["graph_plain_tok_s"] = data[f"{headline}_plain_tok_s"]
-            data["c_graph"] = data.get(f"c_{headline}", float("nan"))
-            data["verify_ratio_8_over_1"] = data.get(f"verify_ratio_8_over_1_{headline}", float("nan"))
-            data[f"round_overhead_k{args.k}"] = data[f"{headline}_round_overhead_k{args.k}"]
-        if not args.no_hf:
-            log.info("transformers generate")
-            data["hf_generate_tok_s"] = hf_generate_tok_s(pair.target.model, prompt, min(args.tokens, 64))
-        data["bars"] = {key: {"value": data.get(key), "bar": f"{op} {limit}",
-                              "pass": (data.get(key, float("nan")) >= limit) if op == ">=" else
-                                      (data.get(key, float("nan")) <= limit)}
-                        for key, (op, limit) in BARS.items() if key in data}
-    if "exactness" in parts:
-        graph = models.get("graph") or models.get("graph-nocompile") or models.get("static")
-        if graph is None:
-            sys.exit("error: --parts exactness needs a graph backend in --backends")
-        log.info("exactness")
-        data["exactness"] = exactness(pair, graph["target"], graph["draft"], prompt[:64], 64, args.k)
+            data["steps_ms"][backend] = {}
+            for role, model in pair_models.items():
+                rows = {}
+                for n in args.ns:
+                    rows[str(n)] = step_ms(model, context[:-1], n, args.reps, vocab)
+                    results.add({"backend": backend, "role": role, "n": n, "ms": rows[str(n)]})
+                    bar.update()
+                data["steps_ms"][backend][role] = rows
+    for backend, pair_models in models.items():
+        steps = data["steps_ms"][backend]
+        data[f"c_{backend}"] = steps["draft"]["1"] / steps["target"]["1"]
+        if "8" in steps["target"]:
+            data[f"verify_ratio_8_over_1_{backend}"] = steps["target"]["8"] / steps["target"]["1"]
+        log.info(f"decode runs, {backend} backend")
+        plain = decode_tok_s(pair_models["target"], NoDrafter(pair.device), prompt, args.tokens, 0)
+        spec = decode_tok_s(pair_models["target"], ModelDrafter(pair_models["draft"]), prompt, args.tokens, args.k)
+        data[f"{backend}_plain_tok_s"] = plain["tok_s"]
+        data[f"{backend}_spec_k{args.k}"] = {key: v for key, v in spec.items() if key != "tokens"}
+        kernel = args.k * steps["draft"]["1"] + steps["target"][str(args.k + 1)]
+        data[f"{backend}_round_overhead_k{args.k}"] = 1 - kernel / spec["round_ms"]
+    headline = next((b for b in ("graph", "graph-nocompile", "static") if b in models), None)
+    if headline:
+        # The headline keys come from the fastest graph backend that ran; `graph_backend` names it.
+        data["graph_backend"] = headline
+        data["graph_plain_tok_s"] = data[f"{headline}_plain_tok_s"]
+        data["c_graph"] = data.get(f"c_{headline}", math.nan)
+        data["verify_ratio_8_over_1"] = data.get(f"verify_ratio_8_over_1_{headline}", math.nan)
+        data[f"round_overhead_k{args.k}"] = data[f"{headline}_round_overhead_k{args.k}"]
+    if not args.no_hf:
+        log.info("transformers generate")
+        data["hf_generate_tok_s"] = hf_generate_tok_s(pair.target.model, prompt, min(args.tokens, 64))
+    data["bars"] = {key: {"value": data.get(key), "bar": f"{op} {limit}",
+                          "pass": (data.get(key, math.nan) >= limit) if op == ">=" else
+                                  (data.get(key, math.nan) <= limit)}
+                    for key, (op, limit) in BARS.items() if key in data}
 
-    path = save_json("bench_engine", data)
+
+def report(data: dict, args) -> None:
     if "steps_ms" in data:
-        plot(data, path.with_suffix(".png"))
         rows = [{"backend": b, "role": r, **{f"n={n}": v for n, v in data["steps_ms"][b][r].items()}}
                 for b in data["steps_ms"] for r in data["steps_ms"][b]]
-        print(table(rows, [("backend", "s"), ("role", "s"), *((f"n={n}", ".2f") for n in ns)]))
+        print(table(rows, [("backend", "s"), ("role", "s"), *((f"n={n}", ".2f") for n in args.ns)]))
         summary = [{"metric": key, "value": data[key]} for key in (
-            "hf_generate_tok_s", *(f"{b}_plain_tok_s" for b in backends), "roofline_tok_s", "c_graph",
+            "hf_generate_tok_s", *(f"{b}_plain_tok_s" for b in args.backends), "roofline_tok_s", "c_graph",
             "verify_ratio_8_over_1", f"round_overhead_k{args.k}", "bandwidth_gb_s") if key in data]
         print()
         print(table(summary, [("metric", "s"), ("value", ".3f")]))
@@ -292,8 +247,43 @@ def main(argv: list[str] | None = None) -> None:
         ex = data["exactness"]
         print()
         print(table([{"run": name, **row} for name, row in ex["runs"].items()],
-                    [("run", "s"), ("equal_to_eager_plain", "s"), ("first_divergence", "d"), ("gap_at_divergence", ".4f")]))
+                    [("run", "s"), ("equal_to_eager_plain", "s"), ("first_divergence", "d"),
+                     ("gap_at_divergence", ".4f")]))
         print("logit error:", ", ".join(f"{key} {v:.4g}" for key, v in ex["logit_error"].items()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    args.backend = "eager"  # the pair's own models are the eager reference; --backends adds the others
+    pair = load_from_args(args)
+    if pair.draft is None or pair.draft_tokenizer is not None:
+        sys.exit("error: the benchmark needs a same-family draft model")
+    max_length = args.context + max(args.tokens, max(args.ns), 64) + args.k + 8
+    try:
+        models = build_backends(pair, args.backends, max_length, pdl=not args.no_pdl)
+    except ModelError as err:
+        sys.exit(f"error: {err}")
+    prompt = torch.randint(0, pair.target.vocab, (args.context,), generator=torch.Generator().manual_seed(0)).tolist()
+    data: dict = {
+        "device_name": torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else str(pair.device),
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "pair": pair.name, "dtype": dtype_name(pair.dtype), "context": args.context,
+        "tokens": args.tokens, "k": args.k, "backends": args.backends, "pdl": not args.no_pdl,
+        "command": "python -m spec.bench_engine " + " ".join(sys.argv[1:] if argv is None else argv),
+    }
+    results = Results("bench_engine")
+    if "speed" in args.parts:
+        measure_speed(pair, models, args, prompt, data, results)
+    if "exactness" in args.parts:
+        graph = models.get("graph") or models.get("graph-nocompile") or models.get("static")
+        if graph is None:
+            sys.exit("error: --parts exactness needs a graph backend in --backends")
+        log.info("exactness")
+        data["exactness"] = exactness(pair, graph["target"], graph["draft"], prompt[:64], 64, args.k)
+    path = results.finish(data, key="forward_rows")
+    if "steps_ms" in data:
+        plots.bench_engine(data, path.with_suffix(".png"))
+    report(data, args)
     print(f"\nwrote {path}")
 
 

@@ -16,13 +16,15 @@ Example: alpha 0.7, c 0.1 -> K = 4 emits 2.77 tokens per round at a cost of 1.4 
 from __future__ import annotations
 
 import argparse
-from typing import Mapping
+from collections.abc import Mapping
+
+from spec.io import table
 
 Verify = float | Mapping[int, float]  # one factor for every K >= 1, or one per K
 
 
 def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens one round emits on average: K + 1 when alpha = 1 (every draft kept, plus the bonus)."""
+    """Tokens one round emits on average: K + 1 when alpha = 1 (every draft accepted, plus the bonus)."""
     if not 0 <= alpha <= 1:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     if k < 0:
@@ -71,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
         "with E[tokens per round] = (1 - alpha^(K+1)) / (1 - alpha) (Leviathan et al., 2023).",
     )
     parser.add_argument("--alpha", type=float, required=True,
-                        help="probability that the target accepts a draft token (0..1); python -m spec.sweep measures it")
+                        help="probability that the target accepts a draft token (0..1); "
+                             "python -m spec.sweep measures it")
     parser.add_argument("--c", type=float, required=True,
                         help="cost of one draft step divided by one target step (e.g. 0.1)")
     parser.add_argument("--verify-factor", type=float, default=1.0,
@@ -86,11 +89,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--verify-factor must be > 0, got {args.verify_factor}")
     if args.max_k < 1:
         parser.error(f"--max-k must be >= 1, got {args.max_k}")
-
-    from spec.cli import table  # here, not at the top: spec.cli imports torch, which the formulas never need
-
     rows = [
-        {"K": k, "tokens/round": expected_tokens(args.alpha, k), "cost (steps)": round_cost(k, args.c, args.verify_factor),
+        {"K": k, "tokens/round": expected_tokens(args.alpha, k),
+         "cost (steps)": round_cost(k, args.c, args.verify_factor),
          "speedup": speedup(args.alpha, k, args.c, args.verify_factor)}
         for k in range(args.max_k + 1)
     ]

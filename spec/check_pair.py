@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 
-from spec.cli import add_model_args, load_from_args, save_json
-from spec.common import chat_ids, sync_time
+from spec.cli import add_model_args, load_from_args
 from spec.drafters import NoDrafter
+from spec.io import save_json
 from spec.loop import generate
+from spec.models import chat_ids, dtype_name, sync_time
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> dict:
         return model.model.config.get_text_config().vocab_size
 
     print(f"pair      {pair.name} ({pair.why})")
-    print(f"device    {pair.device}, {str(pair.dtype).removeprefix('torch.')}")
+    print(f"device    {pair.device}, {dtype_name(pair.dtype)}")
     print(f"target    {target.weight_bytes() / 1e9:.2f} GB, {rows(target):,} embedding rows, "
           f"loaded in {pair.load_seconds['target']:.1f} s")
     if draft is not None:
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"plain greedy: {len(result.tokens)} tokens in {seconds:.2f} s ({len(result.tokens) / seconds:.2f} tok/s, "
           f"prompt of {len(ids)} tokens prefilled in {result.prefill_s:.2f} s)")
     out = {"task": "check_pair", "pair": pair.name, "why": pair.why, "device": str(pair.device),
-           "dtype": str(pair.dtype).removeprefix("torch."), "load_seconds": pair.load_seconds,
+           "dtype": dtype_name(pair.dtype), "load_seconds": pair.load_seconds,
            "vocab": target.vocab, "tokens": len(result.tokens), "seconds": seconds,
            "tok_s": len(result.tokens) / seconds}
     print(f"saved {save_json('check_pair', out)}")

@@ -12,7 +12,7 @@
 (b) The whole loop (`spec.loop.generate`, K = 2, several rounds with rejections and rollbacks) on the tiny pair:
     the joint law of the first three emitted tokens against the target's exact sequence probabilities,
     P(x1) P(x2 | x1) P(x3 | x1, x2), each a warped conditional of the target alone.
-(c) Break-It (spec/breakit.py), each of which must be caught:
+(c) Break-It (spec/deliberately_wrong.py), each of which must be caught:
     resample-p  — on rejection the fix is drawn from p, not from the residual. One position then emits
                   min(p, q) + (1 - alpha) p   (alpha = sum_y min(p(y), q(y)));
                   the tool checks that law too (its own chi-square must pass: the bug is understood, not just seen).
@@ -32,25 +32,38 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
-from scipy import stats
 
 from spec import log
-from spec.breakit import BUGS, SoftmaxQDrafter, StaleCacheModel, resample_from_p, resample_from_p_law, softmax_q_law
-from spec.cli import add_model_args, load_from_args, save_json, table
-from spec.common import CachedModel, ModelError, chat_ids, load_pair
+from spec.chisquare import (
+    LEVEL,
+    POWER_GOAL,
+    Check,
+    categorize,
+    chi_square,
+    merge_bins,
+    pilot_power,
+    power,
+    sequence_law,
+)
+from spec.cli import add_model_args, load_from_args
+from spec.deliberately_wrong import (
+    BUGS,
+    SoftmaxQDrafter,
+    StaleCacheModel,
+    resample_from_p,
+    resample_from_p_law,
+    softmax_q_law,
+)
 from spec.drafters import ModelDrafter, NoDrafter
+from spec.io import Results, table
 from spec.loop import generate
+from spec.models import Model, ModelError, chat_ids, load_pair
 from spec.rules import Sampling, accept_or_fix, warp
-
-LEVEL = 1e-3  # significance: a correct run is wrongly failed once in a thousand
-MIN_EXPECTED = 5  # bins with a smaller expected count are pooled
-POWER_GOAL = 0.99
 
 # Six tokens, alpha = 0.7. The draft over-proposes tokens 2 and 3 (q > p), under-proposes 0 and 1, matches 4 and 5;
 # no ties in q, so the softmax-q bug's argmax draft is well defined (token 2).
@@ -59,93 +72,6 @@ TOY_Q = (0.10, 0.15, 0.32, 0.28, 0.10, 0.05)
 
 REAL_PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a short docstring."
 LOOP_PROMPT = "def add(a, b):"
-
-
-# ---- statistics ------------------------------------------------------------------------------------------------
-
-
-def merge_bins(probs: np.ndarray, n: int) -> np.ndarray:
-    """Bin of each category [C] (int): categories expecting >= MIN_EXPECTED of n draws keep their own bin, the rest
-    share one pooled bin, which joins the smallest own bin if it is itself too small."""
-    probs = np.asarray(probs, dtype=np.float64)
-    big = np.flatnonzero(probs * n >= MIN_EXPECTED)
-    if len(big) < 2:
-        raise ValueError(f"{n} draws are too few: fewer than two categories expect {MIN_EXPECTED} or more")
-    bins = np.full(len(probs), len(big), dtype=np.int64)  # everything starts in the pooled bin
-    bins[big] = np.arange(len(big))
-    pooled = bins == len(big)
-    # A pooled bin expecting too little (or nothing: tokens only q can propose) joins the smallest own bin, where
-    # any draw a bug makes of it still shows.
-    if pooled.any() and probs[pooled].sum() * n < MIN_EXPECTED:
-        bins[pooled] = int(np.argmin(probs[big]))
-    return bins
-
-
-@dataclass
-class Check:
-    """One chi-square test and its verdict."""
-
-    part: str  # a / b / c
-    case: str
-    variant: str  # "correct" or a Break-It name
-    n: int
-    bins: int
-    chi2: float
-    df: int
-    p_value: float
-    expect: str  # "pass" or "fail"
-    power: float | None = None  # P(reject | the bug's law) at this n and binning; None for the correct code
-
-    @property
-    def verdict(self) -> str:
-        return "pass" if self.p_value >= LEVEL else "FAIL"
-
-    @property
-    def ok(self) -> bool:
-        return self.verdict.lower() == self.expect
-
-    def row(self) -> dict:
-        return {**asdict(self), "verdict": self.verdict, "as_expected": "yes" if self.ok else "NO"}
-
-
-def chi_square(categories: np.ndarray, probs: np.ndarray, bins: np.ndarray) -> tuple[float, int, float]:
-    """Pearson chi-square of observed categories [n] (ints) against probs [C] under a binning [C] -> (chi2, df, p)."""
-    n = len(categories)
-    n_bins = int(bins.max()) + 1
-    observed = np.bincount(bins[categories], minlength=n_bins)
-    expected = np.bincount(bins, weights=np.asarray(probs, dtype=np.float64), minlength=n_bins)
-    expected = expected / expected.sum() * n  # float rounding must not show up as a discrepancy
-    result = stats.chisquare(observed, expected)
-    return float(result.statistic), n_bins - 1, float(result.pvalue)
-
-
-def power(probs: np.ndarray, law: np.ndarray, bins: np.ndarray, n: int) -> float:
-    """P(the test rejects at LEVEL) when n draws really follow `law` [C] instead of `probs` [C] (noncentral chi2)."""
-    n_bins = int(bins.max()) + 1
-    p_b = np.bincount(bins, weights=np.asarray(probs, dtype=np.float64), minlength=n_bins)
-    r_b = np.bincount(bins, weights=np.asarray(law, dtype=np.float64), minlength=n_bins)
-    p_b, r_b = p_b / p_b.sum(), r_b / r_b.sum()
-    return noncentral_power(n * float(((r_b - p_b) ** 2 / p_b).sum()), n_bins - 1)
-
-
-def noncentral_power(noncentrality: float, df: int) -> float:
-    critical = stats.chi2.isf(LEVEL, df)
-    return float(stats.ncx2.sf(critical, df, max(noncentrality, 1e-12)))
-
-
-def pilot_power(pilot: np.ndarray, probs: np.ndarray, bins: np.ndarray, n: int) -> float:
-    """Power at n against a bug whose law is only known through an independent pilot sample [m] of categories.
-
-    The plug-in distance sum_b (r_b - p_b)^2 / p_b from m draws overstates the true one by about
-    sum_b r_b (1 - r_b) / (m p_b); that bias is subtracted before scaling to n draws.
-    """
-    m = len(pilot)
-    n_bins = int(bins.max()) + 1
-    p_b = np.bincount(bins, weights=np.asarray(probs, dtype=np.float64), minlength=n_bins)
-    p_b = p_b / p_b.sum()
-    r_b = np.bincount(bins[pilot], minlength=n_bins) / m
-    distance = ((r_b - p_b) ** 2 / p_b).sum() - (r_b * (1 - r_b) / (m * p_b)).sum()
-    return noncentral_power(n * float(distance), n_bins - 1)
 
 
 # ---- (a) the rule alone ----------------------------------------------------------------------------------------
@@ -177,8 +103,8 @@ def first_tokens(
                 drafts = torch.multinomial(q, b, replacement=True, generator=generator)
             rows_p = p.expand(b, 2, vocab)  # position 1 and the bonus position: the same row suffices here
             rows_q = None if q is None else q.expand(b, 1, vocab)
-            n_kept, nxt = rule(rows_p, rows_q, drafts[:, None], generator)
-            out.append(torch.where(n_kept > 0, drafts, nxt))
+            n_accepted, nxt = rule(rows_p, rows_q, drafts[:, None], generator)
+            out.append(torch.where(n_accepted > 0, drafts, nxt))
             bar.update(b)
     return torch.cat(out).cpu().numpy()
 
@@ -238,54 +164,7 @@ def real_rows(pair, sampling: Sampling, prompt: str, positions: int = 16) -> tup
 # ---- (b) the whole loop ----------------------------------------------------------------------------------------
 
 
-def sequence_law(target: CachedModel, prompt: Sequence[int], depth: int, sampling: Sampling, n: int):
-    """The target's exact law of the first `depth` tokens, as a tree cut where expected counts fall below
-    MIN_EXPECTED of n draws.
-
-    Returns (nodes, probs): nodes is a list of prefixes (tuples, the root () first), probs [len(nodes)] the
-    probability of the event "the deepest listed prefix of the output is this node" — a partition of all outputs,
-    so probs sum to 1. Each expanded node costs one target forward over its few tokens.
-    """
-    prompt = list(prompt)
-    target.reset()
-    if len(prompt) > 1:
-        target.forward(prompt[:-1], keep=1)
-    base = target.length
-    mass = {(): 1.0}
-    frontier = [()]
-    for _ in range(depth):
-        grown = []
-        for prefix in frontier:
-            logits = target.forward([prompt[-1], *prefix], keep=1)[-1]
-            target.rollback(base)
-            cond = warp(logits, sampling).double().cpu().numpy()
-            for token in np.flatnonzero(n * mass[prefix] * cond >= MIN_EXPECTED):
-                child = (*prefix, int(token))
-                mass[child] = mass[prefix] * float(cond[token])
-                grown.append(child)
-        frontier = grown
-    target.reset()
-    nodes = list(mass)
-    own = dict(mass)
-    for node in nodes[1:]:
-        own[node[:-1]] -= mass[node]  # a parent's own event excludes its listed children
-    return nodes, np.clip(np.array([own[node] for node in nodes]), 0.0, None)
-
-
-def categorize(outputs: Sequence[Sequence[int]], nodes: list[tuple], depth: int) -> np.ndarray:
-    """The node of each output [n]: its deepest prefix (up to `depth` tokens) that is a listed node."""
-    index = {node: i for i, node in enumerate(nodes)}
-    out = []
-    for tokens in outputs:
-        tokens = tuple(tokens[:depth])
-        length = len(tokens)
-        while tokens[:length] not in index:
-            length -= 1
-        out.append(index[tokens[:length]])
-    return np.array(out, dtype=np.int64)
-
-
-def loop_outputs(target: CachedModel, drafter, prompt, depth: int, k: int, sampling: Sampling, n: int, seed: int,
+def loop_outputs(target: Model, drafter, prompt, depth: int, k: int, sampling: Sampling, n: int, seed: int,
                  desc: str) -> list[list[int]]:
     """The first `depth` tokens of n seeded generations through the real loop (one generator for all n)."""
     generator = torch.Generator().manual_seed(seed)
@@ -352,7 +231,7 @@ def greedy_identity_break(pair, max_new_tokens: int = 24, k: int = 4) -> dict:
     first_reject = first_diverge = None
     done = 0
     for number, rnd in enumerate(broken.rounds, 1):
-        if first_reject is None and rnd.kept < rnd.drafted:
+        if first_reject is None and rnd.accepted < rnd.drafted:
             first_reject = number
         if first_diverge is None and rnd.tokens != plain[done : done + len(rnd.tokens)]:
             first_diverge = number
@@ -404,9 +283,16 @@ def main(argv=None) -> int:
     variants = list(BUGS) if args.bugs == "all" else [] if args.bugs == "none" else [args.bugs]
     checks: list[Check] = []
     extra: dict = {}
+    results = Results("dist_test")
+
+    def done(new: list[Check]) -> list[Check]:
+        """Checks go to disk as each part finishes: a cut run keeps the parts it finished."""
+        for check in new:
+            results.add(check.row())
+        return new
 
     toy_p, toy_q = torch.tensor(TOY_P, dtype=torch.float64), torch.tensor(TOY_Q, dtype=torch.float64)
-    checks += rule_checks("toy, alpha 0.7", toy_p, toy_q, variants, args.n, args.seed)
+    checks += done(rule_checks("toy, alpha 0.7", toy_p, toy_q, variants, args.n, args.seed))
 
     if not args.no_real:
         pair = load_from_args(args)
@@ -415,14 +301,14 @@ def main(argv=None) -> int:
         p, q, at = real_rows(pair, args.sampling, args.prompt)
         alpha = float(torch.minimum(p, q).sum())
         extra["real_rows"] = {"pair": pair.name, "answer_position": at, "alpha": alpha, "vocab": p.shape[-1]}
-        checks += rule_checks(f"{pair.name} rows, alpha {alpha:.2f}", p, q, variants, args.n, args.seed)
+        checks += done(rule_checks(f"{pair.name} rows, alpha {alpha:.2f}", p, q, variants, args.n, args.seed))
         del pair
 
     try:
         tiny = load_pair("tiny", device=args.device)
     except ModelError as err:
         sys.exit(f"error: {err}")
-    checks += loop_checks(tiny, variants, args.loop_n, args.seed, args.sampling)
+    checks += done(loop_checks(tiny, variants, args.loop_n, args.seed, args.sampling))
     if "no-rollback" in variants:
         extra["no_rollback_greedy"] = greedy_identity_break(tiny)
 
@@ -437,8 +323,8 @@ def main(argv=None) -> int:
     weak = [c for c in checks if c.power is not None and c.power < POWER_GOAL]
     if weak:
         print(f"\nwarning: power below {POWER_GOAL} for " + ", ".join(f"{c.case}/{c.variant}" for c in weak))
-    path = save_json("dist_test", {"args": {k: v for k, v in vars(args).items() if k != "sampling"},
-                                   "level": LEVEL, "checks": rows, **extra})
+    path = results.finish({"args": {k: v for k, v in vars(args).items() if k != "sampling"}, "level": LEVEL,
+                           **extra}, key="checks")
     ok = all(c.ok for c in checks)
     print(f"\n{'all verdicts as expected' if ok else 'SOME VERDICTS UNEXPECTED'}; saved {path}")
     return 0 if ok else 1

@@ -8,11 +8,13 @@ distributions they were sampled from [k', V] — or None when the drafter is det
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
-from spec.common import CachedModel
+from spec.models import Model
+from spec.remap import RemappedDrafter
 from spec.rules import Sampling, sample, warp
 
 
@@ -46,11 +48,11 @@ class ModelDrafter:
     """A smaller model of the same tokenizer, with its own KV cache.
 
     Its cache holds a prefix of the true text. Each propose first feeds whatever the cache lacks — one token
-    normally, two after a round in which every draft was kept (it never saw its own last draft) — then drafts
+    normally, two after a round in which every draft was accepted (it never saw its own last draft) — then drafts
     autoregressively, feeding each draft back. The last draft is not fed: nothing needs its successor.
     """
 
-    def __init__(self, model: CachedModel):
+    def __init__(self, model: Model):
         self.model = model
 
     def prefill(self, ids):
@@ -123,8 +125,6 @@ def make_drafter(method: str, pair, max_ngram: int = 3) -> Drafter:
         if pair.draft is None:
             raise ValueError("method 'draft' needs a pair loaded with its draft model")
         if pair.draft_tokenizer is not None:
-            from spec.remap import RemappedDrafter
-
             return RemappedDrafter(pair.draft, pair.draft_tokenizer, pair.tokenizer, pair.target.vocab)
         return ModelDrafter(pair.draft)
     if method == "lookup":

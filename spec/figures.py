@@ -3,9 +3,9 @@
     python -m spec.figures                      # writes docs/figures/{rule,speedup_vs_k,roofline}.png
     python -m spec.figures --out /tmp/figures --samples 100000
 
-- rule.png: the accept/fix rule on the six-token example of `spec.dist_test` (alpha = 0.7). The kept part
+- rule.png: the accept/fix rule on the six-token example of `spec.dist_test` (alpha = 0.7). The accepted part
   min(p, q) plus the residual max(0, p - q) stack up to p; 10,000 rounds of `spec.rules.accept_or_fix` land on p,
-  and 10,000 rounds of spec/breakit.py's "resample from p" bug land on min(p, q) + (1 - alpha) p instead.
+  and 10,000 rounds of spec/deliberately_wrong.py's "resample from p" bug land on min(p, q) + (1 - alpha) p instead.
 - speedup_vs_k.png: `spec.calc`'s predicted speedup against K for a few (alpha, c) pairs, the best K marked.
 - roofline.png: why verifying K + 1 tokens costs about one step. One Llama 3.1 8B forward over n tokens in bf16
   reads 16.06 GB of weights and does 2 FLOP per parameter per token (n FLOP per byte), so its time is
@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 from spec import calc, log
-from spec.breakit import resample_from_p_law
-from spec.cli import save_json, table
+from spec.deliberately_wrong import resample_from_p_law
 from spec.dist_test import TOY_P, TOY_Q, chi_square, first_tokens, merge_bins
+from spec.io import save_json, table
 
 DEFAULT_OUT = Path("docs/figures")
 
@@ -84,14 +84,15 @@ H200_MEASURED = {"graph + compile": {1: 5.90, 8: 6.51}, "graph, no compile": {1:
 
 
 def rule_numbers(samples: int, seed: int) -> dict:
-    """The six-token example: p, q, the kept part, the residual, and the first-token frequencies [6] of `samples`
+    """The six-token example: p, q, the accepted part, the residual, and the first-token frequencies [6] of `samples`
     one-draft rounds under the correct rule (spec.rules.accept_or_fix) and under the resample-from-p bug
-    (spec.breakit.resample_from_p), drawn as spec.dist_test draws them, each with its chi-square p-value against p.
+    (spec.deliberately_wrong.resample_from_p), drawn as spec.dist_test draws them, each with its chi-square p-value
+    against p.
     The bug's predicted law min(p, q) + (1 - alpha) p is there too."""
     p = torch.tensor(TOY_P, dtype=torch.float64)
     q = torch.tensor(TOY_Q, dtype=torch.float64)
     bins = merge_bins(p.numpy(), samples)
-    out = {"p": p.tolist(), "q": q.tolist(), "kept": torch.minimum(p, q).tolist(),
+    out = {"p": p.tolist(), "q": q.tolist(), "accepted": torch.minimum(p, q).tolist(),
            "residual": (p - q).clamp_min(0).tolist(), "alpha": float(torch.minimum(p, q).sum()),
            "bug_law": resample_from_p_law(p, q).tolist(), "samples": samples}
     for variant in ("correct", "resample-p"):
@@ -108,8 +109,8 @@ def draw_rule(numbers: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.4), sharey=True)
     ax = axes[0]
     ax.bar(tokens - 0.2, numbers["q"], 0.4, color="#9ecae1", label="q (draft)")
-    ax.bar(tokens + 0.2, numbers["kept"], 0.4, color="#31a354", label="kept: min(p, q)")
-    ax.bar(tokens + 0.2, numbers["residual"], 0.4, bottom=numbers["kept"], color="#fd8d3c",
+    ax.bar(tokens + 0.2, numbers["accepted"], 0.4, color="#31a354", label="accepted: min(p, q)")
+    ax.bar(tokens + 0.2, numbers["residual"], 0.4, bottom=numbers["accepted"], color="#fd8d3c",
            label="fix: max(0, p - q)")
     ax.scatter(tokens + 0.2, numbers["p"], marker="_", s=300, color="black", zorder=3, label="p (target)")
     ax.set_title(f"one draft position, alpha = sum min(p, q) = {numbers['alpha']:.2f}", fontsize=9)

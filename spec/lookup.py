@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spec.cli import add_model_args, load_from_args, load_prompts, save_json, table
-from spec.policy import parse_k
-from spec.runs import Setup, k_label, print_rows, run_set
+from spec.cli import add_model_args, add_run_args, load_from_args
+from spec.harness import Setup, k_label, print_rows, run_set
+from spec.io import Results, load_prompts, table
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -26,10 +26,7 @@ def main(argv: list[str] | None = None) -> dict:
     add_model_args(parser, draft=False)
     parser.add_argument("--sets", default="short,rename",
                         help="prompt sets to compare, comma-separated (default short,rename)")
-    parser.add_argument("--limit", type=int, default=3, help="prompts per set (default 3; 0 = all)")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per prompt (default 128)")
-    parser.add_argument("--k", type=parse_k, default=8,
-                        help="tokens proposed per lookup (default 8), or auto / auto:N for adaptive K")
+    add_run_args(parser, prompts=None, limit=3, max_new_tokens=128, k=8)
     parser.add_argument("--compare-hf", action="store_true",
                         help="also time transformers' generate with prompt_lookup_num_tokens=K")
     args = parser.parse_args(argv)
@@ -38,10 +35,10 @@ def main(argv: list[str] | None = None) -> dict:
     sets = {name: load_prompts(name)[: args.limit or None] for name in args.sets.split(",")}
     pair = load_from_args(args, with_draft=False)
     setup = Setup(method="lookup", k=args.k, max_new_tokens=args.max_new_tokens, compare_hf=args.compare_hf)
-    results, totals = {}, []
+    results, by_set, totals = Results("lookup"), {}, []
     for name, prompts in sets.items():
-        rows, total = run_set(pair, prompts, setup, desc=name)
-        results[name] = {"rows": rows, "total": total}
+        rows, total = run_set(pair, prompts, setup, desc=name, results=results, tag={"set": name})
+        by_set[name] = {"rows": rows, "total": total}
         totals.append({**total, "id": name})
         print(f"\n{name}:")
         print_rows(rows, total, args.compare_hf)
@@ -50,11 +47,12 @@ def main(argv: list[str] | None = None) -> dict:
     print(table(totals, [("id", "s"), ("tokens", "d"), ("identical", "s"), ("alpha", ".2f"),
                          ("tokens_per_round", ".2f"), ("plain_tok_s", ".2f"), ("spec_tok_s", ".2f"),
                          ("speedup", ".2f")]))
-    result = {"task": "lookup", "pair": pair.name, "device": str(pair.device), "args": {**vars(args), "k": k_label(args.k)}, "sets": results}
-    print(f"saved {save_json('lookup', result)}")
+    result = {"task": "lookup", "pair": pair.name, "device": str(pair.device),
+              "args": {**vars(args), "k": k_label(args.k)}, "totals": {t["id"]: t for t in totals}}
+    print(f"saved {results.finish(result)}")  # each row names its set
     if not all(t["identical"] for t in totals):
         sys.exit(1)
-    return result
+    return {**result, "sets": by_set}
 
 
 if __name__ == "__main__":

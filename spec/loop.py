@@ -3,7 +3,7 @@
 One round:
   1. the drafter proposes k tokens d_1..d_k (and the q rows they were sampled from, or None);
   2. the target scores the tokens it has not cached plus the drafts in one forward: K + 1 rows of logits;
-  3. a pure rule (greedy or sampling) keeps n of the drafts and gives the fix or bonus token;
+  3. a pure rule (greedy or sampling) accepts n of the drafts and gives the fix or bonus token;
   4. the text grows by n + 1 tokens and both caches roll back to the true text less its last token, which the
      next round feeds first.
 With k = 0 (or a drafter that finds nothing) a round is exactly one step of plain decoding.
@@ -12,24 +12,25 @@ With k = 0 (or a drafter that finds nothing) a round is exactly one step of plai
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Protocol, Sequence
+from typing import Protocol
 
 import torch
 
-from spec.common import CachedModel, sync_time
 from spec.drafters import Drafter
+from spec.models import Model, sync_time
 from spec.rules import Sampling, accept_or_fix, greedy_rule, warp
 
 
 @dataclass
 class Round:
-    """What one round produced. `tokens` are the emitted ids (kept drafts, then the fix or bonus), already cut at
-    EOS or at max_new_tokens; `kept` counts drafts the rule accepted before that cut."""
+    """What one round produced. `tokens` are the emitted ids (accepted drafts, then the fix or bonus), already cut
+    at EOS or at max_new_tokens; `accepted` counts drafts the rule accepted before that cut."""
 
     tokens: list[int]
     drafted: int
-    kept: int
+    accepted: int
     draft_s: float
     verify_s: float
     total_s: float
@@ -66,7 +67,7 @@ class FixedK:
 
 
 def speculate(
-    target: CachedModel,
+    target: Model,
     drafter: Drafter,
     prompt: Sequence[int],
     max_new_tokens: int,
@@ -125,11 +126,11 @@ def speculate(
         fed = torch.cat([uncached, drafts]) if len(drafts) else uncached
         logits = target.forward(fed, keep=len(drafts) + 1)  # [k'+1, V]
         if sampling.greedy:
-            n_kept, nxt = greedy_rule(logits[None], drafts[None])
+            n_accepted, nxt = greedy_rule(logits[None], drafts[None])
         else:
             p = warp(logits, sampling)
-            n_kept, nxt = accept_or_fix(p[None], None if q is None else q[None], drafts[None], generator)
-        n, fix, *draft_ids = torch.cat([n_kept, nxt, drafts]).tolist()  # the round's one device -> host sync
+            n_accepted, nxt = accept_or_fix(p[None], None if q is None else q[None], drafts[None], generator)
+        n, fix, *draft_ids = torch.cat([n_accepted, nxt, drafts]).tolist()  # the round's one device -> host sync
         last = nxt
         t2 = clock()
 
@@ -170,13 +171,13 @@ class Result:
         return sum(r.drafted for r in self.rounds)
 
     @property
-    def kept(self) -> int:
-        return sum(r.kept for r in self.rounds)
+    def accepted(self) -> int:
+        return sum(r.accepted for r in self.rounds)
 
     @property
     def alpha(self) -> float:
-        """Acceptance rate alpha-hat: drafts kept / drafts proposed (NaN when nothing was drafted)."""
-        return self.kept / self.drafted if self.drafted else float("nan")
+        """Acceptance rate alpha-hat: drafts accepted / drafts proposed (NaN when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else float("nan")
 
     @property
     def tokens_per_round(self) -> float:
@@ -197,7 +198,7 @@ class Result:
 
     def summary(self) -> dict:
         return {
-            "tokens": len(self.tokens), "rounds": len(self.rounds), "drafted": self.drafted, "kept": self.kept,
+            "tokens": len(self.tokens), "rounds": len(self.rounds), "drafted": self.drafted, "accepted": self.accepted,
             "alpha": self.alpha, "tokens_per_round": self.tokens_per_round, "prefill_s": self.prefill_s,
             "decode_s": self.decode_s, "tok_s": self.tok_s, "finish": self.finish,
             "draft_s": sum(r.draft_s for r in self.rounds), "verify_s": sum(r.verify_s for r in self.rounds),

@@ -2,8 +2,8 @@
 
 Its estimates are ratios of exponentially decayed sums, so they mostly reflect the last `memory` observations:
 
-- alpha: drafts kept / drafts judged. A round with n kept of K judged n + 1 positions if it stopped at a rejection,
-  n if all K were kept; positions after the first rejection are never judged.
+- alpha: drafts accepted / drafts judged. A round with n accepted of K judged n + 1 positions if it stopped at a
+  rejection, n if all K were accepted; positions after the first rejection are never judged.
 - c: seconds per draft step / seconds per target step. Target steps are timed on K = 0 rounds (one 1-token forward),
   draft steps on rounds whose drafter had no text to catch up on.
 - s, the verify slope: a round of K drafts, less its draft steps, costs (1 + s K) target steps.
@@ -14,13 +14,13 @@ overhead is counted where it falls.
 
 Estimates only learn from what is run, so the policy probes the other side now and then, within `probe_budget` of
 the time (2% by default). While speculation is on, a K = 0 round refreshes the target step, spaced by its predicted
-loss. While it is off, a K = 1 round refreshes alpha; each plain round earns `probe_budget` target steps of credit, a
-probe is run once the credit covers its expected cost, and it then pays what it really cost beyond plain decoding.
+loss. While it is off, a K = 1 round refreshes alpha; each plain round earns `probe_budget` target steps of credit,
+a probe is run once the credit covers its expected cost, and it then pays what it really cost beyond plain decoding.
 That cost includes the drafter catching up on the text it skipped while off: b target steps per skipped token, the
-fourth estimate, learned from the probes. On a GPU b is about 0 (a forward over many tokens costs what one costs); on a CPU it is not, and a
-later probe costs more than an early one. If b exceeds the budget, no spacing pays for probes and they stop.
-While speculation is off the loop does not even prefill the drafter (`reads_prompt`): a useless draft then costs
-nothing per request, and the prompt joins the text a probe catches up on.
+fourth estimate, learned from the probes. On a GPU b is about 0 (a forward over many tokens costs what one costs);
+on a CPU it is not, and a later probe costs more than an early one. If b exceeds the budget, no spacing pays for
+probes and they stop. While speculation is off the loop does not even prefill the drafter (`reads_prompt`): a
+useless draft then costs nothing per request, and the prompt joins the text a probe catches up on.
 Everything is deterministic: no randomness, only the rounds it is shown.
 
 Times must be real: on a GPU run the loop with timing=True (its default), which synchronises before each clock read.
@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from spec import calc
 from spec.loop import KPolicy, Round
@@ -153,8 +153,8 @@ class AdaptiveK:
             self.target_step.add(rnd.total_s, 1)
             self._lag += len(rnd.tokens)
             return
-        rejected = 1 if rnd.kept < rnd.drafted else 0
-        self.alpha.add(rnd.kept, rnd.kept + rejected)
+        rejected = 1 if rnd.accepted < rnd.drafted else 0
+        self.alpha.add(rnd.accepted, rnd.accepted + rejected)
         if self._lag == 0:
             self.draft_step.add(rnd.draft_s, rnd.drafted)
         elif t_target and t_draft:

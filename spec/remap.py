@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from spec.common import CachedModel
+from spec.models import Model
 from spec.rules import sample, warp
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -99,7 +99,7 @@ def reencode(seq: Sequence[int], target_tokenizer, draft_tokenizer) -> list[int]
 class RemappedDrafter:
     """A drafter around a draft model of another family (see the module docstring for the translation)."""
 
-    def __init__(self, draft: CachedModel, draft_tokenizer, target_tokenizer, target_vocab: int):
+    def __init__(self, draft: Model, draft_tokenizer, target_tokenizer, target_vocab: int):
         self.model = draft
         self.draft_tokenizer = draft_tokenizer
         self.target_tokenizer = target_tokenizer

@@ -5,9 +5,9 @@ draft's, `d` the drafted tokens. In one round the draft proposed K tokens; the t
 
 - an **accepted** token is a draft token the rule keeps;
 - the **fix** token replaces the first rejected draft token (sampled from the residual max(0, p - q), normalised);
-- the **bonus** token follows when all K drafts are kept (sampled from p at position K + 1).
+- the **bonus** token follows when all K drafts are accepted (sampled from p at position K + 1).
 
-Every round therefore emits n_kept + 1 tokens. Nothing here touches a model; randomness comes only from the
+Every round therefore emits n_accepted + 1 tokens. Nothing here touches a model; randomness comes only from the
 `torch.Generator` passed in. Every function takes a leading batch dimension B so that tests can draw 10^5
 independent rounds in one call; the decoding loop uses B = 1.
 """
@@ -65,26 +65,27 @@ def warp(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 def greedy_rule(target_logits: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Keep drafts while each equals the target's argmax; then emit the argmax (the fix, or the bonus).
 
-    target_logits: [B, K+1, V]   drafts: [B, K] (int64)   ->   n_kept [B], next_token [B]
+    target_logits: [B, K+1, V]   drafts: [B, K] (int64)   ->   n_accepted [B], next_token [B]
 
-    Example: argmax rows (7, 3, 9), drafts (7, 4) -> n_kept 1, next 3. Drafts (7, 3) -> n_kept 2, next 9 (bonus).
+    Example: argmax rows (7, 3, 9), drafts (7, 4) -> n_accepted 1, next 3. Drafts (7, 3) -> n_accepted 2, next 9
+    (the bonus).
     """
     best = target_logits.argmax(-1)  # [B, K+1]
     if drafts.shape[1] == 0:  # plain decoding: nothing to compare
         return torch.zeros_like(best[:, 0]), best[:, 0]
     agree = best[:, : drafts.shape[1]] == drafts  # [B, K]
-    n_kept = agree.long().cumprod(-1).sum(-1)  # length of the agreeing prefix
-    return n_kept, best.gather(1, n_kept[:, None]).squeeze(1)
+    n_accepted = agree.long().cumprod(-1).sum(-1)  # length of the agreeing prefix
+    return n_accepted, best.gather(1, n_accepted[:, None]).squeeze(1)
 
 
 def accept_or_fix(
     p: torch.Tensor, q: torch.Tensor | None, drafts: torch.Tensor, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The stochastic rule: keep d_i with probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection sample the
-    fix from max(0, p_i - q_i) normalised; if all K are kept, sample the bonus from p_{K+1}.
+    fix from max(0, p_i - q_i) normalised; if all K are accepted, sample the bonus from p_{K+1}.
 
     p: [B, K+1, V] target probabilities   q: [B, K, V] draft probabilities, or None for a one-hot drafter
-    drafts: [B, K] (int64)                ->   n_kept [B], next_token [B]
+    drafts: [B, K] (int64)                ->   n_accepted [B], next_token [B]
 
     q must be the distribution the draft tokens were really sampled from. With q = None (prompt lookup, any
     deterministic drafter) q is one-hot at d_i: keep with probability p_i(d_i), and the residual is p_i with d_i
@@ -102,14 +103,14 @@ def accept_or_fix(
         residual = (p_next - q).clamp_min(0.0)
     u = torch.rand(batch, k, generator=generator, device=p.device)
     keep = u * q_d < p_d  # probability min(1, p/q)
-    n_kept = keep.long().cumprod(-1).sum(-1)  # [B]
+    n_accepted = keep.long().cumprod(-1).sum(-1)  # [B]
     rows = torch.cat([residual, p[:, k:]], dim=1)  # [B, K+1, V]: residual at each rejection point, then p for bonus
-    chosen = rows[torch.arange(batch, device=p.device), n_kept]  # [B, V]
+    chosen = rows[torch.arange(batch, device=p.device), n_accepted]  # [B, V]
     # A rejection implies p(d) < q(d), so some other token has p > q and the residual has mass; only rounding can
     # empty it, and then the residual's direction is p itself.
     empty = chosen.sum(-1, keepdim=True) <= 0
-    chosen = torch.where(empty, p[torch.arange(batch, device=p.device), n_kept], chosen)
-    return n_kept, torch.multinomial(chosen, 1, generator=generator).squeeze(1)
+    chosen = torch.where(empty, p[torch.arange(batch, device=p.device), n_accepted], chosen)
+    return n_accepted, torch.multinomial(chosen, 1, generator=generator).squeeze(1)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 For each prompt: plain greedy decoding of the target (our loop with K = 0), then speculation (the draft model
 proposes K tokens per round, the target keeps the longest prefix that matches its own argmax and adds one token).
-The two outputs must be identical; the table shows acceptance alpha-hat (kept / drafted), tokens per round, tok/s of
+The two outputs must be identical; the table shows acceptance alpha-hat (accepted / drafted), tokens per round, tok/s of
 both and the speedup. `--compare-hf` adds transformers' own generate, plain and assisted (`assistant_model=`), timed
 the same way in the same run.
 
@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spec.cli import add_model_args, load_from_args, load_prompts, save_json
-from spec.runs import Setup, k_label, add_run_args, print_rows, run_set
+from spec.cli import add_model_args, add_run_args, load_from_args
+from spec.harness import Setup, k_label, print_rows, run_set
+from spec.io import Results, load_prompts
+from spec.models import dtype_name
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -40,8 +42,9 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = load_prompts(args.prompts)[: args.limit or None]
     pair = load_from_args(args, with_draft=args.method == "draft" or args.compare_hf)
     setup = Setup(method=args.method, k=args.k, max_new_tokens=args.max_new_tokens, compare_hf=args.compare_hf)
-    rows, total = run_set(pair, prompts, setup, desc="greedy")
-    dtype = str(pair.dtype).removeprefix("torch.")
+    results = Results("spec_greedy")
+    rows, total = run_set(pair, prompts, setup, desc="greedy", results=results)
+    dtype = dtype_name(pair.dtype)
 
     print(f"\n{pair.name}: greedy, method {args.method}, K = {k_label(args.k)}, {len(prompts)} prompts x up to "
           f"{args.max_new_tokens} tokens, {pair.device} {dtype}")
@@ -71,11 +74,11 @@ def main(argv: list[str] | None = None) -> dict:
               f"tok/s; ours vs assisted {total['ours_vs_hf_assisted']:.2f}x")
     result = {"task": "spec_greedy", "pair": pair.name, "device": str(pair.device),
               "dtype": dtype, "args": {**vars(args), "k": k_label(args.k)},
-              "total": total, "rows": rows}
-    print(f"saved {save_json('spec_greedy', result)}")
+              "total": total}
+    print(f"saved {results.finish(result)}")
     if bug:
         sys.exit(1)
-    return result
+    return {**result, "rows": rows}
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """t4: speculative sampling (temperature / top-k / top-p), same distribution as plain sampling.
 
-Each draft token d is kept with probability min(1, p(d) / q(d)); at the first rejection the fix token is drawn from
-max(0, p - q) normalised; if all K are kept a bonus token is drawn from p. Target and draft logits are warped by the
+Each draft token d is accepted with probability min(1, p(d) / q(d)); at the first rejection the fix token is drawn from
+max(0, p - q) normalised; if all K are accepted a bonus token is drawn from p. Target and draft logits are warped by the
 same temperature / top-k / top-p first. The outputs differ from plain sampling token by token (the random draws are
 consumed differently) but follow the same distribution: `python -m spec.dist_test` proves that. Seeded runs are
 reproducible: each prompt runs twice with the same seed and must give the same tokens.
@@ -14,14 +14,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
-from spec.cli import add_model_args, load_from_args, load_prompts, save_json
-from spec.common import chat_ids
-from spec.drafters import make_drafter
-from spec.loop import generate
+from spec.cli import add_model_args, add_run_args, load_from_args
+from spec.harness import Setup, k_label, print_rows, run_loop, run_set
+from spec.io import Results, load_prompts
+from spec.models import chat_ids, dtype_name
 from spec.rules import Sampling
-from spec.runs import Setup, add_run_args, k_label, print_rows, run_set
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -48,21 +45,17 @@ def main(argv: list[str] | None = None) -> dict:
     pair = load_from_args(args, with_draft=args.method == "draft" or args.compare_hf)
     setup = Setup(method=args.method, k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling,
                   seed=args.seed, compare_hf=args.compare_hf)
-    rows, total = run_set(pair, prompts, setup, desc="sample")
+    results = Results("spec_sample")
+    rows, total = run_set(pair, prompts, setup, desc="sample", results=results)
 
     # Reproducibility: the same seed must give the same tokens. Not with adaptive K: its choices follow timings.
     reproducible = None
     if isinstance(args.k, int):
         ids = chat_ids(pair.tokenizer, prompts[0]["prompt"])
-        again = generate(pair.target, make_drafter(args.method, pair), ids, args.max_new_tokens, k=args.k,
-                         sampling=sampling, generator=torch.Generator(device=pair.device).manual_seed(args.seed),
-                         eos=pair.eos)
+        again = run_loop(pair, args.method, args.k, ids, args.max_new_tokens, sampling, args.seed)
         reproducible = again.tokens == rows[0]["spec_tokens"]
-    for row in rows:
-        row.pop("identical")  # sampled outputs are not expected to match plain sampling token for token
-    total.pop("identical")
     print(f"\n{pair.name}: sampling T={args.temperature} top-k={args.top_k} top-p={args.top_p} seed={args.seed}, "
-          f"method {args.method}, K = {k_label(args.k)}, {pair.device} {str(pair.dtype).removeprefix('torch.')}")
+          f"method {args.method}, K = {k_label(args.k)}, {pair.device} {dtype_name(pair.dtype)}")
     print_rows(rows, total, args.compare_hf)
     print(f"\nsample answer to {rows[0]['id']}:\n{rows[0]['text']}\n")
     print(f"alpha-hat {total['alpha']:.2f}, {total['tokens_per_round']:.2f} tokens/round, speedup "
@@ -70,11 +63,11 @@ def main(argv: list[str] | None = None) -> dict:
           f"{ {True: 'yes', False: 'NO', None: 'not checked (adaptive K)'}[reproducible] }")
     result = {"task": "spec_sample", "pair": pair.name, "device": str(pair.device),
               "args": {**vars(args), "k": k_label(args.k)},
-              "reproducible": reproducible, "total": total, "rows": rows}
-    print(f"saved {save_json('spec_sample', result)}")
+              "reproducible": reproducible, "total": total}
+    print(f"saved {results.finish(result)}")
     if reproducible is False:
         sys.exit(1)
-    return result
+    return {**result, "rows": rows}
 
 
 if __name__ == "__main__":

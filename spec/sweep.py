@@ -9,7 +9,7 @@ One run, on one prompt set, with the same loop and the same token counter for ev
   `assistant_model=` the draft, all greedy; then once per prompt and K the draft model sampling at temperature T, for
   alpha under sampling. A warm-up pass before all of it is not timed.
 
-From the rows: alpha-hat (drafts kept / drafts judged), c (seconds per draft step / seconds per plain round, from
+From the rows: alpha-hat (drafts accepted / drafts judged), c (seconds per draft step / seconds per plain round, from
 the loop's own timings), the measured speedup over plain decoding on the same prompts (decode time: prefill
 excluded; `x e2e` includes it, and is the one comparable with transformers' rows), and the predicted speedup
 (1 - alpha^(K+1)) / ((1 - alpha)(K c + v)), with v = 1 (Leviathan et al.) and with the measured v(K).
@@ -25,14 +25,13 @@ import math
 import statistics
 from pathlib import Path
 
-import torch
-
-from spec import calc, log
-from spec.cli import RESULTS_DIR, add_model_args, load_from_args, load_prompts, save_json, table
-from spec.common import chat_ids, sync_time
-from spec.drafters import make_drafter
-from spec.loop import generate
+from spec import calc, log, plots
+from spec.cli import add_model_args, load_from_args
+from spec.harness import forward_times, hf_generate, run_loop, timed
+from spec.io import RESULTS_DIR, Results, load_prompts, save_json, table
+from spec.models import chat_ids, dtype_name
 from spec.policy import AdaptiveK
+from spec.remap import reencode
 from spec.rules import Sampling
 
 WARMUP_TOKENS = 16
@@ -41,30 +40,13 @@ HF_METHODS = ("hf", "hf-assisted")
 NOT_INDEPENDENT = (
     "Measured tokens per round differ from the formula's because acceptances are not independent: easy stretches "
     "(boilerplate, copied code) accept whole runs of drafts and hard ones reject early, while the formula assumes "
-    "every draft is kept with the same probability alpha."
+    "every draft is accepted with the same probability alpha."
 )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Measuring
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def median_forward_s(model, prefix: list[int], n: int, trials: int) -> float:
-    """Median seconds of one forward over `n` new tokens after `prefix` is cached (one untimed warm-up trial)."""
-    model.reset()
-    model.forward(prefix, keep=1)
-    length = model.length
-    fed = [prefix[-1]] * n
-    times = []
-    for trial in range(trials + 1):
-        start = sync_time(model.device)
-        model.forward(fed, keep=n)
-        end = sync_time(model.device)
-        model.rollback(length)
-        if trial:
-            times.append(end - start)
-    return statistics.median(times)
 
 
 def measure_costs(pair, ids: list[int], ks: list[int], trials: int) -> dict:
@@ -74,14 +56,14 @@ def measure_costs(pair, ids: list[int], ks: list[int], trials: int) -> dict:
     bar = log.bar(total=len(sizes) + 1, desc="costs")
     target = {}
     for n in sizes:
-        target[n] = median_forward_s(pair.target, prefix, n, trials)
+        target[n] = statistics.median(forward_times(pair.target, prefix, [prefix[-1]] * n, trials))
         bar.update()
     draft_prefix = prefix
     if pair.draft_tokenizer is not None:  # another family: the draft reads the same text in its own ids
-        from spec.remap import reencode
-
         draft_prefix = reencode(prefix, pair.tokenizer, pair.draft_tokenizer)
-    draft_s = median_forward_s(pair.draft, draft_prefix, 1, trials) if pair.draft is not None else float("nan")
+    draft_s = float("nan")
+    if pair.draft is not None:
+        draft_s = statistics.median(forward_times(pair.draft, draft_prefix, [draft_prefix[-1]], trials))
     bar.update()
     bar.close()
     pair.target.reset()
@@ -95,14 +77,12 @@ def measure_costs(pair, ids: list[int], ks: list[int], trials: int) -> dict:
 
 def loop_row(pair, method: str, k, ids: list[int], max_new_tokens: int, sampling: Sampling, seed: int) -> dict:
     """Run the loop once; one raw row of counts and seconds. For "auto", k is the AdaptiveK policy."""
-    drafter = make_drafter("none" if method == "plain" else "draft" if method == "auto" else method, pair)
-    generator = None if sampling.greedy else torch.Generator(device=pair.device).manual_seed(seed)
-    result = generate(pair.target, drafter, ids, max_new_tokens, k=k, sampling=sampling, generator=generator,
-                      eos=pair.eos)
-    rejected = sum(1 for r in result.rounds if r.kept < r.drafted)
+    drafter = "none" if method == "plain" else "draft" if method == "auto" else method
+    result = run_loop(pair, drafter, k, ids, max_new_tokens, sampling, seed)
+    rejected = sum(1 for r in result.rounds if r.accepted < r.drafted)
     return {
         "method": method, "k": "auto" if method == "auto" else k, "tokens": len(result.tokens),
-        "rounds": len(result.rounds), "drafted": result.drafted, "kept": result.kept, "rejected": rejected,
+        "rounds": len(result.rounds), "drafted": result.drafted, "accepted": result.accepted, "rejected": rejected,
         "prefill_s": result.prefill_s, "decode_s": result.decode_s,
         "draft_s": sum(r.draft_s for r in result.rounds), "verify_s": sum(r.verify_s for r in result.rounds),
         "e2e_s": result.prefill_s + result.decode_s,
@@ -111,15 +91,11 @@ def loop_row(pair, method: str, k, ids: list[int], max_new_tokens: int, sampling
 
 def hf_row(pair, method: str, ids: list[int], max_new_tokens: int) -> dict:
     """transformers' own greedy `generate`, plain or assisted by the draft model; timed end to end (prefill too)."""
-    assistant = {"assistant_model": pair.draft.model} if method == "hf-assisted" else {}
-    inputs = torch.tensor([ids], device=pair.device)
-    start = sync_time(pair.device)
-    with torch.inference_mode():
-        out = pair.target.model.generate(inputs, do_sample=False, max_new_tokens=max_new_tokens, **assistant)
-    seconds = sync_time(pair.device) - start
-    return {"method": method, "k": None, "tokens": out.shape[1] - len(ids), "rounds": None, "drafted": None,
-            "kept": None, "rejected": None, "prefill_s": None, "decode_s": None, "draft_s": None, "verify_s": None,
-            "e2e_s": seconds}
+    assist = "draft" if method == "hf-assisted" else None
+    tokens, seconds = timed(lambda: hf_generate(pair, ids, max_new_tokens, assist=assist), pair.device)
+    return {"method": method, "k": None, "tokens": len(tokens), "rounds": None, "drafted": None,
+            "accepted": None, "rejected": None, "prefill_s": None, "decode_s": None, "draft_s": None,
+            "verify_s": None, "e2e_s": seconds}
 
 
 def run_config(pair, config: tuple[str, object], ids, max_new_tokens, sampling=Sampling(), seed=0) -> dict:
@@ -159,10 +135,10 @@ def _rate(rows, key) -> float:
 
 
 def alpha_hat(rows) -> float:
-    """Drafts kept / drafts judged. A round judges its drafts up to the first rejection, so kept / drafted would
+    """Drafts accepted / drafts judged. A round judges its drafts up to the first rejection, so accepted / drafted would
     understate alpha by an amount that grows with K."""
-    judged = _sum(rows, "kept") + _sum(rows, "rejected")
-    return _sum(rows, "kept") / judged if judged else float("nan")
+    judged = _sum(rows, "accepted") + _sum(rows, "rejected")
+    return _sum(rows, "accepted") / judged if judged else float("nan")
 
 
 def speedup_stats(rows: list[dict], plain: list[dict], key: str) -> tuple[float, float, float]:
@@ -203,7 +179,8 @@ def summarize(rows: list[dict], costs: dict, ks: list[int]) -> dict:
             row["tokens_per_round"] = _sum(group, "tokens") / _sum(group, "rounds")
             row["mean_k"] = _sum(group, "drafted") / _sum(group, "rounds")
             row["alpha"] = alpha_hat(group)
-            row["accept_rate"] = _sum(group, "kept") / _sum(group, "drafted") if _sum(group, "drafted") else math.nan
+            drafted = _sum(group, "drafted")
+            row["accept_rate"] = _sum(group, "accepted") / drafted if drafted else math.nan
         if method in fits:
             fit = fits[method]
             sampled = [r for r in rows if r["mode"] == "sample" and r["method"] == method and r["k"] == k]
@@ -232,7 +209,8 @@ def summarize(rows: list[dict], costs: dict, ks: list[int]) -> dict:
 def predict(alpha: float, costs: dict, ks: list[int]) -> list[dict]:
     """Cost-only mode: predicted speedups at a given alpha from the measured c and verify factors."""
     c, v = costs["c"], costs["verify_factor"]
-    return [{"method": "draft", "k": k, "verify_factor": v[k], "predicted_tokens_per_round": calc.expected_tokens(alpha, k),
+    return [{"method": "draft", "k": k, "verify_factor": v[k],
+             "predicted_tokens_per_round": calc.expected_tokens(alpha, k),
              "predicted_x": calc.speedup(alpha, k, c), "predicted_x_v": calc.speedup(alpha, k, c, v)} for k in ks]
 
 
@@ -242,7 +220,8 @@ def predict(alpha: float, costs: dict, ks: list[int]) -> list[dict]:
 
 COLUMNS = [
     ("method", ""), ("k", ""), ("alpha", ".3f"), ("alpha_sample", ".3f"), ("tokens_per_round", ".2f"),
-    ("predicted_tokens_per_round", ".2f"), ("mean_k", ".2f"), ("verify_factor", ".3f"), ("predicted_x", ".2f"), ("predicted_x_v", ".2f"),
+    ("predicted_tokens_per_round", ".2f"), ("mean_k", ".2f"), ("verify_factor", ".3f"), ("predicted_x", ".2f"),
+    ("predicted_x_v", ".2f"),
     ("x", ".2f"), ("spread", ""), ("x_e2e", ".2f"), ("tok_s_e2e", ".2f"),
 ]
 COST_COLUMNS = [("k", ""), ("verify_factor", ".3f"), ("predicted_tokens_per_round", ".2f"), ("predicted_x", ".2f"),
@@ -260,49 +239,6 @@ def printable(rows: list[dict]) -> list[dict]:
     return out
 
 
-def plot(summary_rows: list[dict], costs: dict, c: float, path: Path, title: str) -> None:
-    """Speedup vs K (measured with the per-repetition range, predicted curves) and the verify factor vs K;
-    `c` is the draft step the predictions used."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
-    left.axhline(1.0, color="grey", lw=1, label="plain decoding")
-    draft = [r for r in summary_rows if r["method"] == "draft"]
-    ks = [r["k"] for r in draft]
-    left.plot(ks, [r["predicted_x"] for r in draft], "--", color="tab:blue", label="predicted, v = 1")
-    left.plot(ks, [r["predicted_x_v"] for r in draft], ":", color="tab:blue", label="predicted, measured v(K)")
-    if draft and "x" in draft[0]:
-        x = [r["x"] for r in draft]
-        err = [[v - r["x_lo"] for v, r in zip(x, draft)], [r["x_hi"] - v for v, r in zip(x, draft)]]
-        left.errorbar(ks, x, yerr=err, fmt="o-", color="tab:blue", capsize=3, label="measured, draft model")
-    lookup = [r for r in summary_rows if r["method"] == "lookup"]
-    if lookup:
-        left.plot([r["k"] for r in lookup], [r["x"] for r in lookup], "s-", color="tab:green",
-                  label="measured, prompt lookup")
-    for method, style in (("auto", "-."), ("hf-assisted", (0, (1, 3)))):
-        for r in summary_rows:
-            if r["method"] == method:
-                key = "x" if method == "auto" else "x_e2e"
-                left.axhline(r[key], ls=style, color="tab:red" if method == "auto" else "tab:purple",
-                             label=f"{method} ({r[key]:.2f}x{', end to end' if key == 'x_e2e' else ''})")
-    left.set(xlabel="K (drafts per round)", ylabel="speedup over plain decoding", title=title, xticks=ks)
-    left.legend(fontsize=7, loc="best")
-    verify = costs["verify_factor"]
-    right.plot(list(verify), list(verify.values()), "o-", color="tab:orange", label="v(K) = verify K+1 tokens / 1")
-    right.plot(list(verify), [k * c + v for k, v in verify.items()], "s--", color="tab:brown",
-               label="round: K c + v(K)")
-    right.axhline(1.0, color="grey", lw=1)
-    right.set(xlabel="K", ylabel="cost in target steps", title=f"costs (c = {c:.3f} per draft step)",
-              xticks=list(verify))
-    right.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The task
 # ---------------------------------------------------------------------------------------------------------------
@@ -312,7 +248,7 @@ def parse_ks(text: str) -> list[int]:
     try:
         ks = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--k takes a comma-separated list of whole numbers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--k takes a comma-separated list of whole numbers, got {text!r}") from None
     if not ks or ks[0] < 1:
         raise argparse.ArgumentTypeError(f"--k needs at least one K and every K >= 1, got {text!r}")
     return ks
@@ -383,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.methods.remove("hf")
 
     title = f"{pair.name} on {pair.device}, {len(prompts)} prompts x {args.max_new_tokens} tokens"
-    setup = {"pair": pair.name, "device": str(pair.device), "dtype": str(pair.dtype).removeprefix("torch."),
+    setup = {"pair": pair.name, "device": str(pair.device), "dtype": dtype_name(pair.dtype),
              "prompts": args.prompts, "limit": len(prompts), "max_new_tokens": args.max_new_tokens, "ks": args.k,
              "methods": args.methods, "reps": args.reps, "temperature": args.temperature, "seed": args.seed}
     if args.alpha is not None:
@@ -401,7 +337,7 @@ def cost_only(args, pair, ids: list[int], title: str, setup: dict) -> dict:
     print(f"best K predicted at alpha {args.alpha} = {k} ({x:.2f}x, measured verify factors)")
     data = {"mode": "cost-only", "alpha": args.alpha, "setup": setup, "costs": costs, "summary": rows}
     out = save_json("sweep", data, args.out)
-    plot(rows, costs, costs["c"], out.with_suffix(".png"), f"predicted at alpha {args.alpha}: {title}")
+    plots.sweep(rows, costs, costs["c"], out.with_suffix(".png"), f"predicted at alpha {args.alpha}: {title}")
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return data
 
@@ -411,20 +347,20 @@ def full(args, pair, prompts: list[dict], ids: list[list[int]], title: str, setu
     for cfg in greedy:  # warm-up: allocator, kernels, lazy imports, and adaptive K's first estimates; never timed
         run_config(pair, cfg, ids[0], min(WARMUP_TOKENS, args.max_new_tokens))
     costs = measure_costs(pair, ids[0], args.k, args.trials)
-    raw = []
+    results, raw = Results("sweep", args.out), []  # each raw row is on disk as soon as it is measured
     sample_ks = args.k if args.temperature > 0 and "draft" in args.methods else []
     sampling = Sampling(temperature=args.temperature) if sample_ks else None
     with log.bar(total=args.reps * len(prompts) * len(greedy) + len(prompts) * len(sample_ks), desc="sweep") as bar:
         for rep in range(args.reps):
             for prompt, prompt_ids in zip(prompts, ids):
                 for cfg in greedy:
-                    raw.append({"rep": rep, "prompt": prompt["id"], "mode": "greedy",
-                                **run_config(pair, cfg, prompt_ids, args.max_new_tokens)})
+                    raw.append(results.add({"rep": rep, "prompt": prompt["id"], "mode": "greedy",
+                                            **run_config(pair, cfg, prompt_ids, args.max_new_tokens)}))
                     bar.update()
         for i, (prompt, prompt_ids) in enumerate(zip(prompts, ids)):
             for k in sample_ks:
-                raw.append({"rep": 0, "prompt": prompt["id"], "mode": "sample",
-                            **run_config(pair, ("draft", k), prompt_ids, args.max_new_tokens, sampling, args.seed + i)})
+                row = run_config(pair, ("draft", k), prompt_ids, args.max_new_tokens, sampling, args.seed + i)
+                raw.append(results.add({"rep": 0, "prompt": prompt["id"], "mode": "sample", **row}))
                 bar.update()
 
     summary = summarize(raw, costs, args.k)
@@ -440,10 +376,11 @@ def full(args, pair, prompts: list[dict], ids: list[list[int]], title: str, setu
     if "auto" in best:
         print(f"auto: {best['auto']['x']:.2f}x, {best['auto']['of_best_fixed']:.0%} of the best fixed K")
     print(NOT_INDEPENDENT)
-    data = {"mode": "full", "setup": setup, "costs": costs, "summary": summary, "rows": raw}
-    out = save_json("sweep", data, args.out)
+    data = {"mode": "full", "setup": setup, "costs": costs, "summary": summary}
+    out = results.finish(data)
+    data["rows"] = raw
     if "draft" in summary["fits"]:
-        plot(summary["rows"], costs, summary["fits"]["draft"]["c"], out.with_suffix(".png"), title)
+        plots.sweep(summary["rows"], costs, summary["fits"]["draft"]["c"], out.with_suffix(".png"), title)
         print(f"wrote {out} and {out.with_suffix('.png')}")
     else:
         print(f"wrote {out}")

@@ -28,10 +28,12 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from spec import kernels, log
-from spec.bench_engine import copy_bandwidth
-from spec.cli import add_model_args, load_from_args, save_json, table
-from spec.graph import GraphModel
+from spec import log
+from spec.cli import add_model_args, load_from_args
+from spec.harness import copy_bandwidth
+from spec.io import save_json, table
+from spec.models import dtype_name, kernels
+from spec.models.graph import GraphModel
 
 
 def _time_graph(run, layers: int, replays: int = 20) -> float:
@@ -139,7 +141,8 @@ def products(model: GraphModel, tokens: int = 1) -> dict[str, dict]:
                         bytes=size(layers[0][4][0]), cublas=lambda i: F.linear(h, layers[i][4][0])),
         "down": dict(run=down, reset=reset, key=("add", hidden, model.intermediate), layers=n_layers,
                      bytes=size(layers[0][6].weight), cublas=lambda i: F.linear(act, layers[i][6].weight)),
-        "head": dict(run=head, key=("logits", head_w.shape[0], hidden), layers=1, bytes=size(head_w), cublas=lambda i: F.linear(h, head_w)),
+        "head": dict(run=head, key=("logits", head_w.shape[0], hidden), layers=1, bytes=size(head_w),
+                     cublas=lambda i: F.linear(h, head_w)),
     }
 
 
@@ -162,14 +165,14 @@ def tune(model: GraphModel, bandwidth: float, role: str, tokens: int = 1,
             for config in configs:
                 reset()
                 error = float((check(p["run"](0, config)).float() - reference).abs().max()) / scale
-                us = _time_graph(lambda i: p["run"](i, config), p["layers"])
+                us = _time_graph(lambda i, run=p["run"], config=config: run(i, config), p["layers"])
                 results.append({"config": config, "us": us, "error": error})
                 bar.update()
         ok = [r for r in results if r["error"] < 2e-2]
         best = min(ok, key=lambda r: r["us"])
         cublas_us = _time_graph(p["cublas"], p["layers"])
         default_us = next(r["us"] for r in results if r["config"] == default) if default in configs else \
-            _time_graph(lambda i: p["run"](i, default), p["layers"])
+            _time_graph(lambda i, run=p["run"], default=default: run(i, default), p["layers"])
         rows.append({
             "role": role, "product": name, "kind": kind + ("_rows" if tokens > 1 else ""), "tokens": tokens,
             "n": n, "k": k, "bn": best["config"][0], "block_k": best["config"][1], "warps": best["config"][2],
@@ -206,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     roles = args.roles.split(",")
     if not set(roles) <= {"target", "draft"}:
         sys.exit(f"error: --roles takes target and/or draft, got {args.roles}")
-    bandwidth = copy_bandwidth(pair.device)
+    bandwidth = copy_bandwidth(pair.device, megabytes=2048, reps=10, trials=1)
     rows = []
     with torch.no_grad():
         for role in roles:
@@ -225,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
                                  for r in rows if r["role"] == role and r["tokens"] == t)
              for role in roles for t in tokens}
     print("products per forward (tuned), ms:", ", ".join(f"{key} tokens {us / 1e3:.3f}" for key, us in total.items()))
-    data = {"device_name": name, "pair": pair.name, "dtype": str(pair.dtype).removeprefix("torch."),
+    data = {"device_name": name, "pair": pair.name, "dtype": dtype_name(pair.dtype),
             "bandwidth_gb_s": bandwidth / 1e9, "products_ms": {r: us / 1e3 for r, us in total.items()}, "rows": rows}
     path = save_json("tune_kernels", data)
     if not args.no_save:

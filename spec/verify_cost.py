@@ -12,44 +12,18 @@ memory roofline (weight bytes / memory bandwidth), plus one draft step for the c
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 
 import torch
 
-from spec import log
-from spec.cli import add_model_args, load_from_args, save_json, table
-from spec.common import CachedModel, sync_time
+from spec import log, plots
+from spec.cli import add_model_args, load_from_args
+from spec.harness import copy_bandwidth, forward_times
+from spec.io import Results, table
+from spec.models import dtype_name
 
 DEFAULT_NS = (1, 2, 4, 8, 16, 32, 64)
-
-
-def measure_bandwidth(device: torch.device, megabytes: int = 1024, trials: int = 5) -> float:
-    """Device memory bandwidth in bytes/s from a large tensor copy (bytes read + bytes written)."""
-    n = megabytes * (1 << 20) // 2
-    src = torch.empty(n, dtype=torch.bfloat16, device=device).fill_(1)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(trials):
-        start = sync_time(device)
-        dst.copy_(src)
-        times.append(sync_time(device) - start)
-    return 2 * src.numel() * src.element_size() / min(times)
-
-
-def time_forward(model: CachedModel, context: list[int], new: list[int], trials: int, warmup: int = 1) -> list[float]:
-    """Seconds per forward of `new` on top of the cached `context`, rolled back after each trial."""
-    model.reset()
-    model.forward(context, keep=1)
-    times = []
-    for i in range(warmup + trials):
-        start = sync_time(model.device)
-        model.forward(new)
-        elapsed = sync_time(model.device) - start
-        model.rollback(len(context))
-        if i >= warmup:
-            times.append(elapsed)
-    return times
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -82,31 +56,32 @@ def main(argv: list[str] | None = None) -> dict:
     ids = torch.randint(0, target.vocab, (args.context + max(ns),), generator=gen).tolist()
     context, fresh = ids[: args.context], ids[args.context :]
 
-    bandwidth = args.bandwidth * 1e9 if args.bandwidth else measure_bandwidth(target.device)
+    bandwidth = args.bandwidth * 1e9 if args.bandwidth else copy_bandwidth(target.device)
     weight_bytes = target.weight_bytes()
     roofline_ms = weight_bytes / bandwidth * 1e3
-    rows = []
+    results, rows = Results("verify_cost"), []
     with log.bar(total=len(ns), desc="verify cost") as bar:
         for n in ns:
-            times = time_forward(target, context, fresh[:n], args.trials)
-            rows.append({"n": n, "ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3,
-                         "max_ms": max(times) * 1e3, "trials_ms": [t * 1e3 for t in times]})
+            times = forward_times(target, context, fresh[:n], args.trials)
+            ms = statistics.median(times) * 1e3
+            rows.append(results.add({
+                "n": n, "ms": ms, "min_ms": min(times) * 1e3, "max_ms": max(times) * 1e3,
+                "trials_ms": [t * 1e3 for t in times], "ms_per_token": ms / n, "roofline_ms": roofline_ms,
+                "ratio_to_1": ms / rows[0]["ms"] if rows and rows[0]["n"] == 1 else 1.0 if n == 1 else math.nan,
+            }))
             bar.update()
-    for row in rows:
-        row["ratio_to_1"] = row["ms"] / rows[0]["ms"] if rows[0]["n"] == 1 else float("nan")
-        row["roofline_ms"] = roofline_ms
-        row["ms_per_token"] = row["ms"] / row["n"]
 
     draft = None
     if pair.draft is not None:
-        step = statistics.median(time_forward(pair.draft, context, fresh[:1], args.trials)) * 1e3
+        step = statistics.median(forward_times(pair.draft, context, fresh[:1], args.trials)) * 1e3
         target_step = next((r["ms"] for r in rows if r["n"] == 1), None)
         draft = {"step_ms": step, "c": step / target_step if target_step else None,
                  "weight_bytes": pair.draft.weight_bytes(), "roofline_ms": pair.draft.weight_bytes() / bandwidth * 1e3}
 
     print(f"target {args.target or pair.name}: {weight_bytes / 1e9:.2f} GB of weights, bandwidth "
-          f"{bandwidth / 1e9:.0f} GB/s ({'given' if args.bandwidth else 'measured'}), roofline {roofline_ms:.2f} ms/step, "
-          f"device {pair.device}, dtype {str(pair.dtype).removeprefix('torch.')}, context {args.context}")
+          f"{bandwidth / 1e9:.0f} GB/s ({'given' if args.bandwidth else 'measured'}), "
+          f"roofline {roofline_ms:.2f} ms/step, device {pair.device}, dtype {dtype_name(pair.dtype)}, "
+          f"context {args.context}")
     print(table(rows, [("n", "d"), ("ms", ".2f"), ("ratio_to_1", ".2f"), ("ms_per_token", ".2f"),
                        ("min_ms", ".2f"), ("max_ms", ".2f"), ("roofline_ms", ".2f")]))
     if draft:
@@ -114,42 +89,15 @@ def main(argv: list[str] | None = None) -> dict:
               f"{draft['roofline_ms']:.2f} ms, c_roofline = {draft['weight_bytes'] / weight_bytes:.3f})")
     result = {
         "task": "verify_cost", "pair": pair.name, "target": args.target or pair.name, "device": str(pair.device),
-        "dtype": str(pair.dtype).removeprefix("torch."), "context": args.context, "trials": args.trials,
+        "dtype": dtype_name(pair.dtype), "context": args.context, "trials": args.trials,
         "bandwidth_gb_s": bandwidth / 1e9, "bandwidth_source": "given" if args.bandwidth else "measured",
-        "weight_bytes": weight_bytes, "roofline_ms": roofline_ms, "rows": rows, "draft": draft,
+        "weight_bytes": weight_bytes, "roofline_ms": roofline_ms, "draft": draft,
     }
-    path = save_json("verify_cost", result)
-    plot(result, path.with_suffix(".png"))
+    path = results.finish(result)
+    result["rows"] = rows
+    plots.verify_cost(result, path.with_suffix(".png"))
     print(f"saved {path} and {path.with_suffix('.png')}")
     return result
-
-
-def plot(result: dict, path) -> None:
-    """ms per forward vs new tokens (log2 axis), with the memory roofline and the cost of n separate steps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = result["rows"]
-    ns = [r["n"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    ax.plot(ns, [r["ms"] for r in rows], "o-", label="measured (median)")
-    ax.fill_between(ns, [r["min_ms"] for r in rows], [r["max_ms"] for r in rows], alpha=0.2, label="min-max")
-    ax.plot(ns, [rows[0]["ms"] * n for n in ns], ":", color="gray", label="n separate 1-token steps")
-    ax.axhline(result["roofline_ms"], color="red", ls="--",
-               label=f"memory roofline ({result['bandwidth_gb_s']:.0f} GB/s)")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xticks(ns, [str(n) for n in ns])
-    ax.set_xlabel("new tokens scored in one forward (n)")
-    ax.set_ylabel("ms per forward")
-    ax.set_title(f"verify cost: {result['target']} on {result['device']} ({result['dtype']})")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

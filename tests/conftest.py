@@ -2,7 +2,7 @@
 
 import pytest
 
-from spec.common import load_pair
+from spec.models import load_pair
 
 
 @pytest.fixture(scope="session")

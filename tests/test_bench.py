@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_server import KEY, ServerProcess
 
 import bench
-from test_server import KEY, ServerProcess
 
 VLLM_METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts_total counter

@@ -8,10 +8,10 @@ import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
-from spec.breakit import SoftmaxQDrafter, StaleCacheModel, resample_from_p
-from spec.common import CachedModel, byte_tokenizer, load_pair
+from spec.deliberately_wrong import SoftmaxQDrafter, StaleCacheModel, resample_from_p
 from spec.drafters import ModelDrafter, NoDrafter
 from spec.loop import generate
+from spec.models import EagerModel, byte_tokenizer, load_pair
 from spec.remap import RemappedDrafter, token_keys, token_map
 from spec.rules import Sampling, warp
 
@@ -41,7 +41,7 @@ def test_no_rollback_breaks_greedy_identity_in_the_round_after_a_rejection(tiny,
     assert good.tokens == plain  # the control: the real cache keeps identity
     broken = generate(StaleCacheModel.wrap(tiny.target), ModelDrafter(tiny.draft), prompt, 24, k=4, timing=False)
     first = broken.rounds[0]
-    assert first.kept < first.drafted  # round one rejects a draft, so it leaves stale entries behind ...
+    assert first.accepted < first.drafted  # round one rejects a draft, so it leaves stale entries behind ...
     assert first.tokens == plain[: len(first.tokens)]  # ... but what it emits is still right
     second = broken.rounds[1]
     done = len(first.tokens)
@@ -72,10 +72,10 @@ def test_resample_p_keeps_like_the_real_rule_but_redraws_from_p():
     p = torch.tensor([[[0.5, 0.5], [0.5, 0.5]]]).expand(40_000, 2, 2)
     q = torch.tensor([[[1.0, 0.0]]]).expand(40_000, 1, 2)
     drafts = torch.zeros(40_000, 1, dtype=torch.long)
-    n_kept, nxt = resample_from_p(p, q, drafts, torch.Generator().manual_seed(0))
+    n_accepted, nxt = resample_from_p(p, q, drafts, torch.Generator().manual_seed(0))
     # 5 standard errors (two-sided false failure 6e-7): 5 sqrt(0.25 / 40000) = 0.0125
-    assert float(n_kept.float().mean()) == pytest.approx(0.5, abs=0.0125)
-    rejected = nxt[n_kept == 0]
+    assert float(n_accepted.float().mean()) == pytest.approx(0.5, abs=0.0125)
+    rejected = nxt[n_accepted == 0]
     # 5 s.e. of a mean of >= 19500 rejections (20000 - 5 sigma of the count): 5 sqrt(0.25 / 19500) = 0.018
     assert float((rejected == 0).float().mean()) == pytest.approx(0.5, abs=0.018)  # the real rule: never 0
 
@@ -150,7 +150,7 @@ def test_shuffled_family_maps_back_exactly_and_extra_ids_never_do():
     assert (mapping[len(target):] == -1).all()
 
 
-def permuted_draft(tiny, perm: list[int]) -> CachedModel:
+def permuted_draft(tiny, perm: list[int]) -> EagerModel:
     """The tiny draft with its vocabulary rows renamed by perm: the same model, speaking shuffled ids."""
     model = copy.deepcopy(tiny.draft.model)
     inverse = torch.empty(len(perm), dtype=torch.long)
@@ -158,7 +158,7 @@ def permuted_draft(tiny, perm: list[int]) -> CachedModel:
     with torch.no_grad():
         for weight in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
             weight.copy_(weight[inverse])
-    return CachedModel(model, tiny.draft.vocab, name="shuffled draft")
+    return EagerModel(model, tiny.draft.vocab, name="shuffled draft")
 
 
 def test_remapped_same_model_drafts_what_the_model_itself_drafts(tiny, prompt):
@@ -189,7 +189,8 @@ def test_remapped_same_model_drafts_what_the_model_itself_drafts(tiny, prompt):
     normal = generate(tiny.target, ModelDrafter(tiny.draft), prompt, 32, k=4, timing=False)
     remapped = generate(tiny.target, drafter, prompt, 32, k=4, timing=False)
     assert remapped.tokens == plain.tokens
-    assert remapped.rounds[0].tokens == normal.rounds[0].tokens and remapped.rounds[0].kept == normal.rounds[0].kept
+    assert remapped.rounds[0].tokens == normal.rounds[0].tokens
+    assert remapped.rounds[0].accepted == normal.rounds[0].accepted
 
 
 class ScriptedDraft:

@@ -6,13 +6,11 @@ import sys
 import pytest
 import torch
 
-import spec.common as common
-from spec.common import (
-    CachedModel,
+import spec.models.pairs as pairs
+from spec.models import (
+    EagerModel,
     ModelError,
-    PackagedGGUF,
     TokenizerMismatch,
-    assemble_gguf,
     byte_tokenizer,
     load_model,
     load_pair,
@@ -21,12 +19,12 @@ from spec.common import (
     rollback_cache,
     shared_vocab,
 )
-
+from spec.models.packaged import PackagedGGUF, assemble_gguf
 
 # ---- rollback -------------------------------------------------------------------------------------------------
 
 
-def rollback_matches_fresh(model: CachedModel, a: list[int], b: list[int], c: list[int]) -> None:
+def rollback_matches_fresh(model: EagerModel, a: list[int], b: list[int], c: list[int]) -> None:
     """Text a, then b, rolled back to a, then c  ==  text a then c on a fresh cache, bit for bit."""
     model.reset()
     model.forward(a)
@@ -57,7 +55,7 @@ def test_rollback_helper_rejects_growing_or_negative(tiny):
 
 
 def test_forward_keeps_the_last_rows_and_cuts_the_vocabulary(tiny):
-    model = CachedModel(tiny.target.model, vocab=200)
+    model = EagerModel(tiny.target.model, vocab=200)
     full = model.forward([1, 2, 3, 4])
     assert full.shape == (4, 200) and full.dtype == torch.float32
     model.rollback(2)
@@ -75,9 +73,9 @@ def test_tiny_pair_loads_with_a_shared_vocabulary(tiny):
 
 
 def test_auto_prefers_cached_llama(monkeypatch):
-    monkeypatch.setattr(common, "hub_cached", lambda repo: True)
+    monkeypatch.setattr(pairs, "hub_cached", lambda repo: True)
     assert resolve_pair("auto")[0] == "llama"
-    monkeypatch.setattr(common, "hub_cached", lambda repo: False)
+    monkeypatch.setattr(pairs, "hub_cached", lambda repo: False)
     name, why = resolve_pair("auto")
     assert name == "qwen-coder" and "no local Llama" in why
 
@@ -193,3 +191,13 @@ def test_real_rollback_equals_fresh_cache(real):
     ids = real.tokenizer("def fibonacci(n):\n    if n < 2:\n        return n\n").input_ids
     rollback_matches_fresh(real.target, ids, [13, 14, 15, 16], ids[:3])
     rollback_matches_fresh(real.draft, ids, [13], ids[:2])
+
+
+def test_models_named_on_the_command_line_are_what_the_log_names(tmp_path):
+    """--target/--draft replace the preset: the pair is called custom and `why` says so (not "auto: ...")."""
+    both = load_pair("auto", target="tiny:target", draft="tiny:draft", dtype="float32")
+    assert both.name == "custom" and both.why == "--target and --draft given"
+    one = load_pair("tiny", draft="tiny:target")
+    assert one.name == "tiny" and one.why == "--draft given; the rest from pair tiny"
+    alone = load_pair("auto", target="tiny:target", with_draft=False, dtype="float32")
+    assert alone.name == "custom" and alone.why == "--target given"

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from spec import dist_test as dt
-from spec.breakit import BUGS, resample_from_p_law, softmax_q_law
-from spec.common import load_pair
+from spec.deliberately_wrong import BUGS, resample_from_p_law, softmax_q_law
+from spec.models import load_pair
 from spec.rules import Sampling, warp
 
 RULE_N = 20_000  # rounds per rule test here (the CLI uses 10^5)

@@ -2,10 +2,10 @@
 
 Commands are collected from the fenced shell blocks (```bash, ```sh, ```console or a bare ```) and run as
 subprocesses, two at a time, each from an empty folder, on the tiny pair and shrunk with flags the task really has
-(read from its own --help): `--pair X` becomes `--pair tiny` (added where the task takes model flags), --device/--target/--draft
-are dropped (CI has a CPU and no hub), --limit 1, --max-new-tokens 8, --trials 2, ... Server and bench.py lines
-are not `python -m spec.` commands and have their own tests. Also here: the numbers the figures of
-docs/explained.md are drawn from.
+(read from its own --help): `--pair X` becomes `--pair tiny` (added where the task takes model flags),
+--device/--target/--draft are dropped (CI has a CPU and no hub), --limit 1, --max-new-tokens 8, --trials 2, ...
+Server and bench.py lines are not `python -m spec.` commands and have their own tests. Also here: the numbers the
+figures of docs/explained.md are drawn from.
 """
 
 from __future__ import annotations
@@ -227,7 +227,8 @@ def test_the_rule_figure_lands_on_p_and_the_bug_does_not():
     numbers = rule_numbers(samples=10_000, seed=0)
     p = np.array(numbers["p"])
     # float64: q + fl(p - q) (or p + 0), two roundings: <= 2^-52 = 2.2e-16 relative; rtol 1e-15
-    assert np.allclose(np.add(numbers["kept"], numbers["residual"]), p, rtol=1e-15, atol=0)  # the stacked bars are p
+    # the stacked bars are p
+    assert np.allclose(np.add(numbers["accepted"], numbers["residual"]), p, rtol=1e-15, atol=0)
     assert numbers["alpha"] == pytest.approx(0.7)  # float64 sum of 6 terms, ~1e-16: approx's default rel 1e-6 ample
     assert numbers["correct"]["p_value"] > 1e-3  # dist_test's LEVEL: a correct rule fails at 1 seed in 1000
     # Frequencies of 10^4 draws, all laws here <= 0.3: 5 s.e. = 5 sqrt(0.3 x 0.7 / 10^4) = 0.023 (6 x 6e-7 false fail)

@@ -1,11 +1,13 @@
 """The whole loop on the tiny pair: greedy identity with plain decoding, the edges of a round, seeded sampling."""
 
+import json
+
 import pytest
 import torch
 
-from spec.common import CachedModel, chat_ids
 from spec.drafters import LookupDrafter, ModelDrafter, NoDrafter, lookup_draft, make_drafter
 from spec.loop import generate
+from spec.models import EagerModel, chat_ids
 from spec.rules import Sampling
 
 N = 48
@@ -39,13 +41,13 @@ def test_greedy_draft_is_identical_and_exercises_rejections(tiny, prompts, refer
     for ids, ref in zip(prompts, reference):
         result = generate(tiny.target, ModelDrafter(tiny.draft), ids, N, k=k)
         assert result.tokens == ref
-        drafted, kept = drafted + result.drafted, kept + result.kept
+        drafted, kept = drafted + result.drafted, kept + result.accepted
     assert 0 < kept < drafted  # both the accept and the reject paths ran
 
 
 def test_draft_equal_to_target_keeps_everything(tiny, prompts, reference):
     # The draft never sees its own last draft when all are kept: this exercises the catch-up feed.
-    same = ModelDrafter(CachedModel(tiny.target.model, tiny.target.vocab, name="self-draft"))
+    same = ModelDrafter(EagerModel(tiny.target.model, tiny.target.vocab, name="self-draft"))
     for ids, ref in zip(prompts, reference):
         result = generate(tiny.target, same, ids, N, k=4)
         assert result.tokens == ref
@@ -120,7 +122,7 @@ def test_lookup_draft(seq, k, expected):
 def test_a_real_difference_is_not_excused_as_a_near_tie(tiny, prompts, reference):
     """explain_divergence on fp32: a made-up divergence has a top-2 gap far above the (tiny) rounding difference
     between a 1-token step and a K+1 verify, so it is reported as a bug, not a near-tie."""
-    from spec.runs import explain_divergence
+    from spec.harness import explain_divergence
 
     plain = reference[0]
     spec = plain[:5] + [(plain[5] + 1) % tiny.target.vocab] + plain[6:]
@@ -137,12 +139,13 @@ def test_spec_greedy_verdict_on_divergences(tiny, monkeypatch, capsys, near_tie,
     """spec_greedy passes when every divergence is a near-tie (and says so), and fails on any other difference."""
     from spec import spec_greedy
 
-    def fake_run_set(pair, prompts, setup, desc):
+    def fake_run_set(pair, prompts, setup, desc, results=None, tag=None):
         row = {"id": "p1", "tokens": 3, "identical": False, "alpha": 0.5, "tokens_per_round": 2.0,
                "plain_tok_s": 1.0, "spec_tok_s": 1.0, "speedup": 1.0, "text": "abc",
                "divergence": {"first_divergence": 1, "plain_token": 7, "spec_token": 8, "top2_gap": 0.01,
                               "shape_error": 0.02 if near_tie else 0.001, "near_tie": near_tie}}
         total = {**row, "id": "ALL", "near_ties": int(near_tie), "divergences": 1}
+        results.add(row)
         return [row], total
 
     monkeypatch.setattr(spec_greedy, "run_set", fake_run_set)
@@ -155,3 +158,34 @@ def test_spec_greedy_verdict_on_divergences(tiny, monkeypatch, capsys, near_tie,
         spec_greedy.main(["--pair", "tiny", "--limit", "1", "--quiet"])
         out = capsys.readouterr().out
         assert "a near-tie (rounding)" in out and "except at 1" in out
+
+
+def test_a_run_cut_short_keeps_every_finished_prompt(tiny, monkeypatch, tmp_path):
+    """Each prompt's row is on disk (JSONL) as soon as it is done: a run killed at the second prompt keeps the
+    first, and a finished run's JSON holds exactly the rows of its JSONL."""
+    from spec import harness, io, spec_greedy
+
+    monkeypatch.setattr(io, "RESULTS_DIR", tmp_path)
+    real = harness.run_prompt
+    calls = []
+
+    def dies_on_the_second(pair, prompt, setup, k):
+        calls.append(prompt["id"])
+        if len(calls) == 3:  # the warm-up, the first prompt, then the second: the machine goes away
+            raise KeyboardInterrupt
+        return real(pair, prompt, setup, k)
+
+    monkeypatch.setattr(harness, "run_prompt", dies_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        spec_greedy.main(["--pair", "tiny", "--limit", "3", "--max-new-tokens", "8", "--quiet"])
+    (cut,) = tmp_path.glob("spec_greedy-*.jsonl")
+    rows = [json.loads(line) for line in cut.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [calls[1]] and rows[0]["tokens"] == 8
+    assert not list(tmp_path.glob("spec_greedy-*Z.json"))
+
+    monkeypatch.setattr(harness, "run_prompt", real)
+    spec_greedy.main(["--pair", "tiny", "--limit", "2", "--max-new-tokens", "8", "--quiet"])
+    (finished,) = [p for p in tmp_path.glob("spec_greedy-*.jsonl") if p != cut]
+    saved = json.loads(finished.with_suffix(".json").read_text())
+    assert saved["rows"] == [json.loads(line) for line in finished.read_text().splitlines()]
+    assert len(saved["rows"]) == 2

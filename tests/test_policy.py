@@ -150,7 +150,7 @@ def test_adaptive_k_in_the_loop_keeps_greedy_output_exact(tiny_pair):
 
 @pytest.fixture(scope="module")
 def tiny_pair():
-    from spec.common import load_pair
+    from spec.models import load_pair
 
     return load_pair("tiny")
 

@@ -17,9 +17,9 @@ import httpx
 import openai
 import pytest
 
-from spec.common import load_pair
 from spec.drafters import make_drafter
 from spec.loop import generate
+from spec.models import load_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "test-key-0123456789"
@@ -152,6 +152,26 @@ def test_greedy_chat_equals_loop_and_plain_decoding(greedy_chat, pair):
     assert answer.usage.total_tokens == len(prompt) + len(tokens)
     stats = answer.model_extra["speculation"]
     assert stats["method"] == "draft" and stats["drafted"] > 0 and 0 <= stats["accepted"] <= stats["drafted"]
+
+
+def test_metrics_count_the_request_and_time_it(server, greedy_chat):
+    """After a finished request the vLLM-style counters and the latency histograms have seen it."""
+    answer = greedy_chat[0]
+    m = server.metrics()
+    assert m['spark:request_success_total{finished_reason="length"}'] + \
+        m['spark:request_success_total{finished_reason="stop"}'] >= 1
+    assert m["spark:generation_tokens_total"] >= answer.usage.completion_tokens
+    assert m["spark:spec_decode_num_accepted_tokens_total"] <= m["spark:spec_decode_num_draft_tokens_total"]
+    assert m['spark:spec_decode_num_accepted_tokens_per_pos_total{position="0"}'] <= m[
+        "spark:spec_decode_num_drafts_total"]
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_acceptance_length"):
+        assert m[f"spark:{name}_count"] >= 1, name
+        assert m[f'spark:{name}_bucket{{le="+Inf"}}'] == m[f"spark:{name}_count"], name
+    # Every token after the first round's (at most K + 1 = 5, timed as TTFT) gets an inter-token latency.
+    assert m["spark:inter_token_latency_seconds_count"] >= answer.usage.completion_tokens - 5
+    assert m["spark:request_acceptance_length_sum"] >= m["spark:request_acceptance_length_count"]  # >= 1 each
+    assert m["process_resident_memory_bytes"] > 0
+    assert m["spark:num_requests_running"] == 0 and m["spark:num_requests_waiting"] == 0
 
 
 def test_streaming_equals_non_streaming(server, greedy_chat):

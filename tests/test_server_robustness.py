@@ -19,7 +19,6 @@ import hypothesis
 import pytest
 import schemathesis
 from schemathesis.specs.openapi.checks import positive_data_acceptance
-
 from test_server import KEY, ROOT, ServerProcess, envelope, long_stream, sse_events
 
 CONTEXT = 64  # --max-model-len of the test server: every accepted request is short

@@ -8,12 +8,13 @@ import time
 
 import pytest
 
-from server_spec import Done, Engine, Job, TextStream
-from spec.common import byte_tokenizer, load_pair
 from spec.drafters import make_drafter
 from spec.loop import generate
+from spec.models import byte_tokenizer, load_pair
 from spec.policy import parse_k
 from spec.rules import Sampling
+from spec.serving.engine import Done, Engine, Job
+from spec.serving.text import TextStream
 
 
 @pytest.fixture(scope="module")

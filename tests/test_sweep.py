@@ -12,7 +12,7 @@ COSTS = {"verify_factor": {1: 1.1, 2: 1.2}, "c": 0.1}
 
 def row(rep, prompt, method, k, tokens, rounds, decode_s, drafted=0, kept=0, rejected=0, draft_s=0.0, mode="greedy"):
     return {"rep": rep, "prompt": prompt, "mode": mode, "method": method, "k": k, "tokens": tokens, "rounds": rounds,
-            "drafted": drafted, "kept": kept, "rejected": rejected, "prefill_s": 0.5, "decode_s": decode_s,
+            "drafted": drafted, "accepted": kept, "rejected": rejected, "prefill_s": 0.5, "decode_s": decode_s,
             "draft_s": draft_s, "verify_s": decode_s - draft_s, "e2e_s": 0.5 + decode_s}
 
 
@@ -97,13 +97,13 @@ def test_a_tiny_sweep_writes_rows_summary_and_plot(prompts, tmp_path, capsys):
     # one row per repetition x prompt x configuration: plain, draft x 2, lookup x 2, auto, hf, hf-assisted
     assert len(greedy) == 2 * 2 * 8
     assert len([r for r in saved["rows"] if r["mode"] == "sample"]) == 2 * 2
-    keys = {"rep", "prompt", "mode", "method", "k", "tokens", "rounds", "drafted", "kept", "rejected", "prefill_s",
+    keys = {"rep", "prompt", "mode", "method", "k", "tokens", "rounds", "drafted", "accepted", "rejected", "prefill_s",
             "decode_s", "draft_s", "verify_s", "e2e_s"}
     assert all(set(r) == keys for r in saved["rows"])
     loop_rows = [r for r in greedy if not r["method"].startswith("hf")]
     plain = {(r["rep"], r["prompt"]): r["tokens"] for r in loop_rows if r["method"] == "plain"}
     assert all(r["tokens"] == plain[(r["rep"], r["prompt"])] for r in loop_rows)  # greedy: the same text every time
-    assert all(r["kept"] + r["rejected"] <= r["drafted"] for r in greedy if r["drafted"])
+    assert all(r["accepted"] + r["rejected"] <= r["drafted"] for r in greedy if r["drafted"])
     methods = [(r["method"], r["k"]) for r in saved["summary"]["rows"]]
     assert methods == [("plain", 0), ("draft", 1), ("draft", 3), ("lookup", 1), ("lookup", 3), ("auto", "auto"),
                        ("hf", None), ("hf-assisted", None)]
@@ -132,7 +132,7 @@ def test_costs_feed_an_other_family_draft_its_own_ids(tiny):
 
     import torch
 
-    from spec.common import chat_ids
+    from spec.models import chat_ids
 
     class TenIdModel:  # a draft of 10 ids that records what it is fed
         device = torch.device("cpu")

@@ -1,10 +1,10 @@
 """Where a forward's time goes: the graph backend's fused kernels for n tokens (the one-token step and the fused
 verify kernels), each kernel's device time summed per kernel name over the forward.
 
-    PYTHONPATH=. SPARK_SPEC_PDL=0 python benchmarks/h200/step_profile.py --pair llama-random --device cuda
+    PYTHONPATH=. python benchmarks/h200/step_profile.py --pair llama-random --device cuda --no-pdl
     PYTHONPATH=. python benchmarks/h200/step_profile.py --pair llama-random --device cuda --graphs
 
-Without graphs and with PDL off (SPARK_SPEC_PDL=0) each kernel's time is its own work. With --graphs the forwards
+Without graphs and with PDL off (--no-pdl) each kernel's time is its own work. With --graphs the forwards
 are CUDA-graph replays as in decoding, and with PDL on a kernel's time includes its wait for the one before: the
 difference between the two profiles shows where kernels wait.
 """
@@ -18,13 +18,14 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from spec.cli import add_model_args, load_from_args
-from spec.graph import GraphModel
+from spec.models.graph import GraphModel
 
 parser = argparse.ArgumentParser()
 add_model_args(parser)
 parser.add_argument("--context", type=int, default=512)
 parser.add_argument("--ns", default="1,2,9")
 parser.add_argument("--graphs", action="store_true", help="profile CUDA-graph replays (as decoding runs them)")
+parser.add_argument("--no-pdl", action="store_true", help="launch without programmatic dependent launch")
 parser.add_argument("--json")
 args = parser.parse_args()
 args.backend = "eager"
@@ -32,7 +33,8 @@ pair = load_from_args(args)
 out = {}
 for role in ("target", "draft"):
     m = getattr(pair, role)
-    graph = GraphModel(m.model, m.vocab, role, max_length=args.context + 64, graphs=args.graphs, fused_step=True)
+    graph = GraphModel(m.model, m.vocab, role, max_length=args.context + 64, graphs=args.graphs, fused_step=True,
+                        pdl=not args.no_pdl)
     context = torch.randint(0, m.vocab, (args.context - 1,), generator=torch.Generator().manual_seed(0)).cuda()
     for n in [int(x) for x in args.ns.split(",")]:
         ids = torch.randint(0, m.vocab, (n,), generator=torch.Generator().manual_seed(n)).cuda()

@@ -12,10 +12,10 @@ import sys
 
 import torch
 
-from spec import kernels
 from spec.bench_engine import step_ms
 from spec.cli import add_model_args, load_from_args
-from spec.graph import GraphModel
+from spec.models import kernels
+from spec.models.graph import GraphModel
 
 parser = argparse.ArgumentParser()
 add_model_args(parser)
@@ -34,13 +34,12 @@ variants = args.variants.split(",")
 one_pass = kernels.ONE_PASS_ELEMENTS
 rows = {}
 for variant in variants:
-    kernels.PDL = variant.endswith("+pdl")
-    kernels._pdl.cache_clear()
     kernels.ONE_PASS_ELEMENTS = 0 if variant.startswith("twopass") else one_pass
     for role in ("target", "draft"):
         m = getattr(pair, role)
         graph = GraphModel(m.model, m.vocab, role, max_length=args.context + 64, fused_step=variant != "stack",
-                           fused_tokens=None if variant == "stack" else 1 if variant.startswith("fused1") else 16)
+                           fused_tokens=None if variant == "stack" else 1 if variant.startswith("fused1") else 16,
+                           pdl=variant.endswith("+pdl"))
         for n in ns:
             rows[f"{role} {variant} n={n}"] = ms = step_ms(graph, context, n, args.reps, m.vocab)
             print(f"{role:6s} {variant:10s} n={n:2d} {ms:.3f} ms", flush=True)

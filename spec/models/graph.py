@@ -1,7 +1,7 @@
-"""The `graph` backend: a static KV cache and CUDA graphs behind `CachedModel`'s interface.
+"""The `graph` backend: a static KV cache and CUDA graphs behind the `Model` interface.
 
-On a fast GPU an eager decode step is mostly launch and Python overhead (shared FACTS.md: 21–36 ms per eager 8B
-step on an H200 against a 3.75 ms memory roofline). `GraphModel` removes that overhead:
+On a fast GPU an eager decode step is mostly launch and Python overhead (21–36 ms per eager 8B step measured on
+an H200, against a 3.75 ms memory roofline; docs/gpu.md). `GraphModel` removes that overhead:
 
 - the KV cache is one tensor per layer and per K/V, allocated once for `max_length` positions; the cached text
   is `length` positions long and `rollback(length)` only moves that number (stale entries after it are masked out
@@ -21,18 +21,19 @@ fused matrix, so no weight is stored twice and the transformers model keeps work
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from spec import kernels, log
-from spec.common import CachedModel, ModelError
+from spec.models import kernels
+from spec.models.base import ModelError
 
 MAX_GRAPH_TOKENS = 64  # forwards up to this many tokens are graphed; drafting and verifying stay far below
 SPAN_STEP = 256  # attention reads the cache in multiples of this many positions
 DEFAULT_MAX_LENGTH = 4096  # the static cache's size when the caller names none
 SUPPORTED = ("llama", "qwen2")
+RECOMPILE_LIMIT = 64  # compiled variants of the layer stack per process: two per GraphModel
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # position-independent tables; dynamic ones need the text
 
 
@@ -95,14 +96,14 @@ def fused_step_reason(model) -> str | None:
 class GraphModel:
     """A Llama/Qwen2 transformers model over a static KV cache, with CUDA graphs per token count.
 
-    Same interface as `CachedModel`: `forward(ids, keep=None) -> fp32 logits [keep or n, vocab]`, `rollback`,
+    The `Model` interface: `forward(ids, keep=None) -> fp32 logits [keep or n, vocab]`, `rollback`,
     `reset`, `length`, `max_length`, `vocab`, `device`, `weight_bytes()`. `graphs=False` runs the same static-cache
     code without graphs (the CPU path the tests check against the eager backend).
     """
 
     def __init__(self, model, vocab: int | None = None, name: str = "model", max_length: int | None = None,
-                 graphs: bool = True, compile: bool = False, split_attention: bool | None = None,
-                 fused_step: bool | None = None, fused_tokens: int | None = None):
+                 graphs: bool = True, compile: bool | None = None, split_attention: bool | None = None,
+                 fused_step: bool | None = None, fused_tokens: int | None = None, pdl: bool = True):
         reason = unsupported_reason(model)
         if reason:
             raise ModelError(f"{name}: the graph backend cannot run this model: {reason}")
@@ -146,10 +147,6 @@ class GraphModel:
         # span -> a tensor of that length: attention reads cache positions < span, and a tensor's size (not an int)
         # lets torch.compile treat the span as a dynamic size.
         self.spans: dict[int, torch.Tensor] = {}
-        if compile:
-            # Compiled code is cached per code object and guarded on `self`: every GraphModel in the process adds
-            # two entries to `_body`'s cache, past the default limit of 8 after four models.
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         # Split-KV attention (spec/kernels.py) on CUDA in half precision unless told otherwise; SDPA elsewhere.
         if split_attention is None:
             split_attention = (self.device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
@@ -171,8 +168,16 @@ class GraphModel:
             raise ValueError(f"fused_tokens must be 0-{kernels.MAX_FUSED_TOKENS} (and 0 without the fused step), "
                              f"got {fused_tokens}")
         self.fused_tokens = fused_tokens
+        # Programmatic dependent launch for the Triton kernels, where the GPU has it (Hopper and later).
+        self.pdl = pdl and kernels.pdl_supported(self.device)
+        # The layer stack is compiled only where it runs the decode path (no fused step): with the fused kernels it
+        # sees only prefills, for which compiling costs far more start-up (40-130 s per model) than it saves.
+        compile = (not self.fused_tokens and self.device.type == "cuda") if compile is None else compile
         self.body = torch.compile(self._body, fullgraph=True) if compile else self._body
         self.compiled = compile
+        # Forwards captured as CUDA graphs: up to MAX_GRAPH_TOKENS tokens, except that an uncompiled stack beside the
+        # fused kernels runs only prefills, whose lengths vary from prompt to prompt: a graph each would not pay.
+        self.graph_tokens = self.fused_tokens if self.fused_tokens and not compile else MAX_GRAPH_TOKENS
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
 
@@ -188,7 +193,6 @@ class GraphModel:
         cos, sin = self.cos[q_pos][:, None], self.sin[q_pos][:, None]  # [n, 1, D]
         # Query heads that share a K/V head are folded into extra query rows ([kv, groups * n, D]), so attention
         # reads each cached K/V once instead of repeating it per query head. Row g*n + i is token i.
-        attend = kernels.decode_attention if self.split_attention else kernels.masked_sdpa
         h = self.model.model.embed_tokens(ids)  # [n, hidden]
         for i, (norm1, (w_qkv, b_qkv), o_proj, norm2, (w_gu, b_gu), act, down) in enumerate(self.layers):
             x = norm1(h)
@@ -203,7 +207,11 @@ class GraphModel:
             self.v_cache[i][:, q_pos] = v.view(n, self.kv_heads, self.head_dim).transpose(0, 1)
             q = q.view(n, self.kv_heads, groups, self.head_dim).permute(1, 2, 0, 3).reshape(
                 self.kv_heads, groups * n, self.head_dim)
-            out = attend(q, self.k_cache[i], self.v_cache[i], pos, b, n, self.scaling)  # [kv, groups*n, D]
+            if self.split_attention:
+                out = kernels.decode_attention(q, self.k_cache[i], self.v_cache[i], pos, b, n, self.scaling, self.pdl)
+            else:
+                out = kernels.masked_sdpa(q, self.k_cache[i], self.v_cache[i], pos, b, n, self.scaling)
+            # out: [kv, groups*n, D]
             out = out.view(self.kv_heads, groups, n, self.head_dim).permute(2, 0, 1, 3).reshape(n, -1)
             h = h + o_proj(out)
             x = norm2(h)
@@ -226,13 +234,14 @@ class GraphModel:
         q_rows = q.view(self.kv_heads, self.heads // self.kv_heads * n, self.head_dim)
         for i, (norm1, (w_qkv, b_qkv), o_proj, norm2, (w_gu, _), _, down) in enumerate(self.layers):
             kernels.qkv_rope(h, norm1.weight, norm1.variance_epsilon, w_qkv, b_qkv, self.cos, self.sin, self.pos, q,
-                             self.k_cache[i], self.v_cache[i], self.heads, self.kv_heads)
-            out = kernels.decode_attention(q_rows, self.k_cache[i], self.v_cache[i], self.pos, span, n, self.scaling)
-            kernels.gemv(out, o_proj.weight, h, kernels.ADD, head_major=self.head_dim)
-            kernels.gemv(h, w_gu, act, kernels.SILU_MUL, norm2.weight, norm2.variance_epsilon)
-            kernels.gemv(act, down.weight, h, kernels.ADD)
+                             self.k_cache[i], self.v_cache[i], self.heads, self.kv_heads, pdl=self.pdl)
+            out = kernels.decode_attention(q_rows, self.k_cache[i], self.v_cache[i], self.pos, span, n, self.scaling,
+                                           self.pdl)
+            kernels.gemv(out, o_proj.weight, h, kernels.ADD, head_major=self.head_dim, pdl=self.pdl)
+            kernels.gemv(h, w_gu, act, kernels.SILU_MUL, norm2.weight, norm2.variance_epsilon, pdl=self.pdl)
+            kernels.gemv(act, down.weight, h, kernels.ADD, pdl=self.pdl)
         norm = self.model.model.norm
-        kernels.gemv(h, head, logits, kernels.LOGITS, norm.weight, norm.variance_epsilon)
+        kernels.gemv(h, head, logits, kernels.LOGITS, norm.weight, norm.variance_epsilon, pdl=self.pdl)
         return logits[:, : self.vocab]
 
     def _logits(self, ids: torch.Tensor, span: torch.Tensor, keep: int | None = None) -> torch.Tensor:
@@ -257,10 +266,16 @@ class GraphModel:
         return self.spans[span]
 
     def _run_body(self, ids: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
-        if self.compiled and ids.shape[0] > 1:
+        if not self.compiled:
+            return self.body(ids, self.pos, span)
+        if ids.shape[0] > 1:
             # One compilation for every n >= 2; n = 1 (a draft step) gets its own, specialised one.
             torch._dynamo.mark_dynamic(ids, 0, min=2, max=self.k_cache[0].shape[1])
-        return self.body(ids, self.pos, span)
+        # Compiled code is cached per code object and guarded on `self`: every GraphModel in the process adds two
+        # entries to `_body`'s cache, past dynamo's default limit of 8 after four models. The raised limit holds
+        # only while this model compiles.
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            return self.body(ids, self.pos, span)
 
     def _graph(self, n: int, span: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         """The graph for n tokens over `span`, captured on first use (after warm-up runs on a side stream, which
@@ -280,7 +295,7 @@ class GraphModel:
             self._graphs[key] = (graph, ids, logits)
         return self._graphs[key]
 
-    # ---- CachedModel's interface ---------------------------------------------------------------------------
+    # ---- the Model interface ---------------------------------------------------------------------------
 
     @torch.no_grad()
     def forward(self, ids: Sequence[int] | torch.Tensor, keep: int | None = None) -> torch.Tensor:
@@ -298,7 +313,7 @@ class GraphModel:
                              f"{self.max_length} (pass a larger max_length)")
         span = self._span(self.length + n)
         self.pos.fill_(self.length)
-        if self.graphs and n <= MAX_GRAPH_TOKENS:
+        if self.graphs and n <= self.graph_tokens:
             graph, static_ids, logits = self._graph(n, span)
             static_ids.copy_(ids)
             graph.replay()
@@ -307,6 +322,20 @@ class GraphModel:
             out = self._logits(ids, span, keep)
         self.length += n
         return out
+
+    def prepare(self, tokens: int, context: int) -> None:
+        """Capture now the graphs of forwards of 1..`tokens` new tokens at every span a text of up to `context`
+        positions reaches, so that no capture happens while a generation is timed or served. Leaves the cache
+        reset (the captures write scratch entries at position 0)."""
+        if not self.graphs:
+            return
+        top = min(context, self.max_length)
+        for end in range(SPAN_STEP, top + SPAN_STEP, SPAN_STEP):
+            span = self._span(min(end, top))
+            for n in range(1, min(tokens, self.graph_tokens, span.shape[0]) + 1):
+                self.pos.fill_(0)
+                self._graph(n, span)
+        self.reset()
 
     def rollback(self, length: int) -> None:
         if length < 0 or length > self.length:
@@ -319,22 +348,3 @@ class GraphModel:
     def weight_bytes(self) -> int:
         """Bytes one decode step must read: every parameter once (tied embeddings counted once)."""
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
-
-
-def make_model(model, vocab: int | None, backend: str, name: str, max_length: int | None = None,
-               compile: bool = True):
-    """Wrap a transformers model for the loop: `eager` -> CachedModel, `graph` -> GraphModel (CUDA, Llama/Qwen2),
-    `auto` -> graph where it can run, else eager with the reason logged. `compile` applies to the graph backend."""
-    if backend == "eager":
-        return CachedModel(model, vocab, name=name)
-    if backend not in ("graph", "auto"):
-        raise ModelError(f"unknown backend {backend!r}; choose eager, graph or auto")
-    reason = unsupported_reason(model)
-    if reason is None and model.device.type != "cuda":
-        reason = f"it needs a CUDA device (the model is on {model.device})"
-    if reason is None:
-        return GraphModel(model, vocab, name=name, max_length=max_length, compile=compile)
-    if backend == "graph":
-        raise ModelError(f"{name}: --backend graph cannot run: {reason}")
-    log.info(f"{name}: backend auto -> eager, because {reason}")
-    return CachedModel(model, vocab, name=name)

@@ -1,8 +1,9 @@
-"""Break-It: deliberately wrong variants of the pieces an exact speculative decoder depends on.
+"""DELIBERATELY WRONG: the Break-It variants of the pieces an exact speculative decoder depends on.
 
-Each variant is one small, plausible mistake, kept apart from the real code so that the loop, the rules and the
-drafters stay exactly the ones users run. `python -m spec.dist_test --break NAME` must catch each of them; the
-power of each test is in docs/exactness.md.
+Nothing here is ever used to generate text. Each variant is one small, plausible mistake, kept out of the product
+path (the loop, rules, drafters, models and server never import this module) so that the code users run stays
+exactly the correct code; only `spec.dist_test`, the tests and the docs' figures use it.
+`python -m spec.dist_test --break NAME` must catch each of them; the power of each test is in docs/exactness.md.
 
 - `resample-p`  (a rule): on rejection, sample the fix from p instead of the residual max(0, p - q).
 - `softmax-q`   (a drafter): draft the argmax, but hand the rule q = softmax(logits) — not the distribution the
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from spec.common import CachedModel
 from spec.drafters import ModelDrafter
+from spec.models import EagerModel
 from spec.rules import warp
 
 BUGS = {
@@ -32,9 +33,9 @@ BUGS = {
 def resample_from_p(
     p: torch.Tensor, q: torch.Tensor | None, drafts: torch.Tensor, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`spec.rules.accept_or_fix` with one mistake: the token after the kept prefix always comes from p.
+    """`spec.rules.accept_or_fix` with one mistake: the token after the accepted prefix always comes from p.
 
-    p: [B, K+1, V]   q: [B, K, V] or None (one-hot)   drafts: [B, K]   ->   n_kept [B], next_token [B]
+    p: [B, K+1, V]   q: [B, K, V] or None (one-hot)   drafts: [B, K]   ->   n_accepted [B], next_token [B]
 
     The keep test is the true one. A rejected position then emits x with probability
     min(p(x), q(x)) + (1 - alpha) * p(x)   (alpha = sum_y min(p(y), q(y))),
@@ -45,9 +46,9 @@ def resample_from_p(
     p_d = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)  # [B, K]
     q_d = torch.ones_like(p_d) if q is None else q.gather(-1, drafts[..., None]).squeeze(-1)
     keep = torch.rand(batch, k, generator=generator, device=p.device) * q_d < p_d
-    n_kept = keep.long().cumprod(-1).sum(-1)  # [B]
-    chosen = p[torch.arange(batch, device=p.device), n_kept]  # [B, V]: the bug — p, not the residual
-    return n_kept, torch.multinomial(chosen, 1, generator=generator).squeeze(1)
+    n_accepted = keep.long().cumprod(-1).sum(-1)  # [B]
+    chosen = p[torch.arange(batch, device=p.device), n_accepted]  # [B, V]: the bug — p, not the residual
+    return n_accepted, torch.multinomial(chosen, 1, generator=generator).squeeze(1)
 
 
 def resample_from_p_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -99,17 +100,17 @@ def softmax_q_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 # ---- no-rollback: a wrong cache ------------------------------------------------------------------------------
 
 
-class StaleCacheModel(CachedModel):
-    """A `CachedModel` whose rollback only moves `length`: the KV entries of rejected drafts stay in the cache.
+class StaleCacheModel(EagerModel):
+    """A `EagerModel` whose rollback only moves `length`: the KV entries of rejected drafts stay in the cache.
 
     The next forward appends after those stale entries, so the model reads text that was never accepted, at
-    positions shifted by the number of stale tokens. A round after one where every draft was kept has nothing
+    positions shifted by the number of stale tokens. A round after one where every draft was accepted has nothing
     stale, which is why greedy identity survives round one and breaks at the first round after a rejection.
     `reset()` (rollback to 0) still clears the cache, so each generation starts clean, as in a real server.
     """
 
     @classmethod
-    def wrap(cls, model: CachedModel) -> "StaleCacheModel":
+    def wrap(cls, model: EagerModel) -> StaleCacheModel:
         """The same weights with a fresh, stale-prone cache."""
         return cls(model.model, model.vocab, name=f"{model.name} (no rollback)")
 

@@ -18,19 +18,20 @@ every multiprocessor to work:
 rule is by position: row r (token r % n) sees cache positions <= pos + r % n, so stale entries after the text are
 never read. Its rounding differs from SDPA's and between a 1-token step and a K+1-token verify (measured on the
 8B architecture: up to 0.14 in a logit, against 0.28 between the graph and eager backends), so in bf16 speculative
-and plain greedy decoding may part at a near-tie, as the issue's exactness rule allows; in fp32 the kernel is not
-used. The import of Triton is deferred to first use; nothing here runs without CUDA.
+and plain greedy decoding may part at a near-tie (docs/exactness.md says when that is allowed); in fp32 the kernel
+is not used. The import of Triton is deferred to first use; nothing here runs without CUDA.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 from pathlib import Path
 
 import torch
+
+from spec.models.base import cache_root
 
 MAX_ROWS = 128  # query rows (query heads per K/V head x new tokens) one program holds; more go to SDPA
 
@@ -70,30 +71,25 @@ def masked_sdpa(q, k_cache, v_cache, pos, span: int, n_tokens: int, scale: float
         q[None], k_cache[None, :, :span], v_cache[None, :, :span], attn_mask=allowed[None, None], scale=scale)[0]
 
 
-# Programmatic dependent launch: each kernel of a step starts loading its weights while the one before it finishes
-# (Hopper and later; SPARK_SPEC_PDL=0 turns it off). It changes no result, only when kernels start.
-PDL = os.environ.get("SPARK_SPEC_PDL", "1") != "0"
-
-
 @functools.cache
-def _pdl(device: torch.device) -> bool:
-    return PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: each kernel of a step starts loading its weights while the one before it
+    finishes (Hopper and later). It changes no result, only when kernels start; the wrappers below take `pdl`."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _triton():
-    from spec import triton_kernels
+    from spec.models import triton_kernels  # imports Triton, which CPU-only machines lack
 
     return triton_kernels
 
 
 # The most partial sums (rows x chunks x head size) the one-pass combine takes: its last program reads them alone,
-# while the second kernel spreads them over a program per row. It applies wherever the rows are few: a one-token
-# step, and a 2-token catch-up of the 8B or a 2-4-token one of the 1B. On an H200 at a 512-token span one pass
-# saved 18-22 µs of the 1B's step (4 x 16 x 64 = 4096 sums a head) and cost 21-31 µs of the 8B's (4 x 16 x 128 =
-# 8192), in two runs of benchmarks/h200/step_variants.py (step_variants-onepass*); 16384 keeps the 8B on it, as in
-# the benchmark run that was reported (4096 would move it to the second kernel: not yet run through the whole
-# benchmark). No spills at 16384 (ptxas, sm_90, with the pointer and size alignment Triton specialises on: 153
-# registers for 8 rows of 128; 96 for the 8B's 4).
+# while the second kernel spreads them over a program per row. It pays where the rows are few (a one-token step, a
+# short catch-up): on an H200 at a 512-token span it saves about 20 µs of a 1B step (4096 sums a head) and costs
+# 20-30 µs of an 8B step (8192), benchmarks/h200/step_variants-onepass.json. 16384 keeps both models on it, the
+# configuration benchmarks/h200/bench_engine-bf16.json measured; ptxas reports no spills there (sm_90, 153 registers
+# for 8 rows of 128).
 ONE_PASS_ELEMENTS = 16384
 
 
@@ -111,7 +107,7 @@ def _arrivals(device: torch.device, heads: int) -> torch.Tensor:
 
 @torch.library.custom_op("spark_spec::decode_attention", mutates_args=())
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, span: int,
-                     n_tokens: int, scale: float) -> torch.Tensor:
+                     n_tokens: int, scale: float, pdl: bool = False) -> torch.Tensor:
     """Attention of q [kv_heads, rows, D] (row r is token r % n_tokens, at position pos + r % n_tokens) over the
     first `span` positions of the caches [kv_heads, capacity, D]; returns [kv_heads, rows, D] in q's dtype."""
     heads, rows_n, dim = q.shape
@@ -130,7 +126,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     l = torch.empty_like(m)
     out = torch.empty_like(q)
     tk = _triton()
-    pdl = _pdl(q.device)
     tk.attention_partial[(heads, splits)](q, k_cache, v_cache, pos, o, m, l, out, _arrivals(q.device, heads), rows_n,
                                           n_tokens, scale, q.stride(0), k_cache.stride(0), splits, D=dim, ROWS=rows,
                                           CHUNK=chunk, SPLITS=width, ONE_PASS=one_pass, PDL=pdl,
@@ -142,7 +137,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 @decode_attention.register_fake
-def _(q, k_cache, v_cache, pos, span, n_tokens, scale):
+def _(q, k_cache, v_cache, pos, span, n_tokens, scale, pdl=False):
     return torch.empty_like(q)
 
 
@@ -207,8 +202,6 @@ def _tuned(device_name: str) -> dict[tuple[str, int, int], tuple[int, ...]]:
 
 
 def tuned_path(device_name: str) -> Path:
-    from spec.common import cache_root
-
     return cache_root() / "kernels" / (re.sub(r"[^A-Za-z0-9._-]+", "_", device_name) + ".json")
 
 
@@ -245,13 +238,12 @@ def _precision(x: torch.Tensor) -> str:
 
 
 def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_cache, v_cache,
-             heads: int, kv_heads: int, config: tuple[int, ...] | None = None) -> None:
+             heads: int, kv_heads: int, config: tuple[int, ...] | None = None, pdl: bool = False) -> None:
     """RMSNorm(h) [M, K] (or [K]: one token) times the fused q/k/v weight [(heads + 2 kv_heads) * D, K] (+ bias),
     rotary embedding of token m at position pos + m on q and k; q into q_out, head-major [heads, M, D], k and v into
     the caches [kv_heads, capacity, D] at pos + m. M <= MAX_FUSED_TOKENS."""
     dim = k_cache.shape[-1]
     tokens, k = (1, h.shape[0]) if h.dim() == 1 else h.shape
-    pdl = _pdl(h.device)
     config = config or gemv_config("qkv", dim // 2, k, h.device, tokens)
     bias = w_qkv if b_qkv is None else b_qkv
     if tokens == 1:
@@ -266,14 +258,14 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
     # pairs has too few programs to keep an H200's memory busy: 30 µs for the 8B's q/k/v, against 16 for cuBLAS;
     # this split takes 16.7 at 9 tokens, benchmarks/h200/tune_kernels-qkv-rows.json.)
     y = torch.empty((tokens, w_qkv.shape[0]), dtype=torch.float32, device=h.device)
-    gemv(h, w_qkv, y, RAW, norm_weight, eps, config)
+    gemv(h, w_qkv, y, RAW, norm_weight, eps, config, pdl=pdl)
     _launch(_triton().rope_rows, (heads + 2 * kv_heads,), (0, 0, 4), pdl, y, bias, cos, sin, pos, q_out, k_cache,
             v_cache, tokens, k_cache.stride(0), HEADS=heads, KV=kv_heads, D=dim, HAS_BIAS=b_qkv is not None,
             MP=MAX_FUSED_TOKENS)
 
 
 def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
-         config: tuple[int, ...] | None = None, head_major: int = 0) -> None:
+         config: tuple[int, ...] | None = None, head_major: int = 0, pdl: bool = False) -> None:
     """The product x . weight.T of M tokens x [M, K] (or [K]: one token) with an epilogue into `out` [M, N]: ADD
     (out += y), SILU_MUL (the weight holds gate then up, N rows each: out = SiLU(gate) * up), LOGITS (out fp32 =
     y, rounded to the model's dtype) or RAW (2-16 tokens: out fp32 = y, unrounded, for rope_rows). With
@@ -284,7 +276,6 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     tokens = x.numel() // k
     kind = {ADD: "add", SILU_MUL: "silu_mul", LOGITS: "logits", RAW: "raw"}[epilogue]
     config = config or gemv_config(kind, n, k, x.device, tokens)
-    pdl = _pdl(x.device)
     args = (x, x if norm_weight is None else norm_weight, eps, weight, out)
     constexprs = dict(NORM=norm_weight is not None, EPILOGUE=epilogue, BN=config[0], BLOCK_K=config[1])
     grid = (-(-n // config[0]),)

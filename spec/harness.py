@@ -1,0 +1,239 @@
+"""The one measuring harness of the tasks and the sweep: plain decoding vs speculation (vs transformers), same
+prompts, same run, same token counter.
+
+`run_loop` and `hf_generate` are the two things measured; `timed` reads the clock around either with the device
+drained. `run_prompt` / `run_set` are the side-by-side comparison the task scripts print: every number there is
+generated tokens (counted from ids) over the wall time of the whole call, prefill included, so our loop and
+transformers' `generate` are measured alike. The sweep builds its raw rows from the same two calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from spec import log
+from spec.drafters import make_drafter
+from spec.io import Results, table
+from spec.loop import KPolicy, Result, generate
+from spec.models import Model, Pair, chat_ids, sync_time
+from spec.rules import Sampling
+
+
+@dataclass
+class Setup:
+    method: str = "draft"  # draft, lookup or none
+    k: int | Callable[[], KPolicy] = 4  # a fixed K, or a factory of an adaptive policy (`--k auto`)
+    max_new_tokens: int = 64
+    sampling: Sampling = Sampling()
+    seed: int = 0
+    compare_hf: bool = False
+
+
+def timed(fn, device):
+    """(result, seconds) of fn(), with the device drained before both clock reads."""
+    start = sync_time(device)
+    out = fn()
+    return out, sync_time(device) - start
+
+
+def copy_bandwidth(device: torch.device, megabytes: int = 1024, reps: int = 1, trials: int = 5) -> float:
+    """Device memory bandwidth in bytes/s from a large tensor copy (bytes read + bytes written): the best of
+    `trials`, each `reps` back-to-back copies (several reps hide a GPU's launch gaps)."""
+    src = torch.empty(megabytes << 20, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(trials):
+        start = sync_time(device)
+        for _ in range(reps):
+            dst.copy_(src)
+        best = min(best, (sync_time(device) - start) / reps)
+    return 2 * src.numel() / best
+
+
+def forward_times(model: Model, context: list[int], new: list[int], trials: int, warmup: int = 1) -> list[float]:
+    """Seconds per forward of `new` on top of the cached `context`, rolled back after each trial."""
+    model.reset()
+    model.forward(context, keep=1)
+    times = []
+    for i in range(warmup + trials):
+        start = sync_time(model.device)
+        model.forward(new)
+        elapsed = sync_time(model.device) - start
+        model.rollback(len(context))
+        if i >= warmup:
+            times.append(elapsed)
+    return times
+
+
+class _AssistantConfigWarning(logging.Filter):
+    """transformers' assisted generation calls the assistant's `generate` with a generation config and loose
+    arguments together, then warns about it (once per process in 5.2x, on every call in 5.17). Nothing we pass
+    causes it, and it would bury real warnings, so this one line is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Passing `generation_config` together with generation-related" not in record.getMessage()
+
+
+logging.getLogger("transformers.generation.utils").addFilter(_AssistantConfigWarning())
+
+
+def run_loop(pair: Pair, method: str, k: int | KPolicy, ids: list[int], max_new_tokens: int,
+             sampling: Sampling = Sampling(), seed: int = 0) -> Result:
+    """One generation by our loop: `method` draft, lookup or none (plain decoding), a seeded generator."""
+    generator = torch.Generator(device=pair.device).manual_seed(seed)
+    return generate(pair.target, make_drafter(method, pair), ids, max_new_tokens, k=k, sampling=sampling,
+                    generator=generator, eos=pair.eos)
+
+
+def hf_generate(pair: Pair, ids: list[int], max_new_tokens: int, sampling: Sampling = Sampling(),
+                assist: str | None = None, k: int = 4) -> list[int]:
+    """transformers' own generate, new ids only: plain (`assist` None), assisted by the draft model (`draft`), or
+    by prompt lookup with K tokens (`lookup`)."""
+    kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pair.tokenizer.pad_token_id or 0,
+                  eos_token_id=sorted(pair.eos) or None)
+    if sampling.greedy:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    else:
+        kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                      top_k=sampling.top_k or None)
+    if assist == "lookup":
+        kwargs["prompt_lookup_num_tokens"] = k
+    elif assist == "draft":
+        kwargs["assistant_model"] = pair.draft.model
+    with torch.inference_mode():
+        out = pair.target.model.generate(torch.tensor([ids], device=pair.device), **kwargs)
+    return out[0, len(ids):].tolist()
+
+
+def run_prompt(pair: Pair, prompt: dict, setup: Setup, k: int | KPolicy) -> dict:
+    """One prompt: plain decoding (our loop, K = 0), speculation with `k`, and optionally transformers' generate."""
+    ids = chat_ids(pair.tokenizer, prompt["prompt"])
+    n = setup.max_new_tokens
+    plain, plain_s = timed(lambda: run_loop(pair, "none", 0, ids, n, setup.sampling, setup.seed), pair.device)
+    spec, spec_s = timed(lambda: run_loop(pair, setup.method, k, ids, n, setup.sampling, setup.seed), pair.device)
+    row = {
+        "id": prompt["id"], "prompt_tokens": len(ids), "tokens": len(spec.tokens), "plain_tokens": len(plain.tokens),
+        "alpha": spec.alpha, "tokens_per_round": spec.tokens_per_round,
+        "plain_s": plain_s, "spec_s": spec_s, "plain_tok_s": len(plain.tokens) / plain_s,
+        "spec_tok_s": len(spec.tokens) / spec_s, "spec": spec.summary(), "plain": plain.summary(),
+        "spec_tokens": spec.tokens, "text": pair.tokenizer.decode(spec.tokens, skip_special_tokens=True),
+    }
+    row["speedup"] = row["spec_tok_s"] / row["plain_tok_s"]
+    if setup.sampling.greedy:  # sampled outputs are not expected to match plain sampling token for token
+        row["identical"] = spec.tokens == plain.tokens
+    if setup.sampling.greedy and not row["identical"]:
+        row["divergence"] = explain_divergence(pair.target, ids, plain.tokens, spec.tokens,
+                                               setup.k if isinstance(setup.k, int) else 4)
+    if setup.compare_hf:
+        assist = "lookup" if setup.method == "lookup" else "draft"
+        k_hf = setup.k if isinstance(setup.k, int) else 4
+        hf_plain, hf_plain_s = timed(lambda: hf_generate(pair, ids, n, setup.sampling), pair.device)
+        hf_assisted, hf_assisted_s = timed(lambda: hf_generate(pair, ids, n, setup.sampling, assist, k_hf),
+                                           pair.device)
+        row.update(
+            hf_plain_tokens=len(hf_plain), hf_plain_s=hf_plain_s, hf_plain_tok_s=len(hf_plain) / hf_plain_s,
+            hf_assisted_tokens=len(hf_assisted), hf_assisted_s=hf_assisted_s,
+            hf_assisted_tok_s=len(hf_assisted) / hf_assisted_s,
+        )
+        if setup.sampling.greedy:
+            row["hf_plain_identical"] = hf_plain == plain.tokens
+            row["hf_assisted_identical"] = hf_assisted == plain.tokens
+    return row
+
+
+def explain_divergence(target: Model, prompt: list[int], plain: list[int], spec: list[int], k: int) -> dict:
+    """Where a greedy speculative run parted from plain decoding, and whether that is a numerical near-tie.
+
+    In bf16 a 1-token step and a K+1-token verify reach the same position through differently shaped matrix
+    products, which round differently; where the target's top two logits are closer than that rounding error, either
+    token is the target's greedy choice up to rounding. This measures both at the first divergence: the top-2 gap of
+    the target's 1-token-step logits there, and the largest logit difference between 1-token steps and one (K+1)-token
+    forward over the same positions. `near_tie` = gap <= error; a divergence that is no near-tie is a bug."""
+    first = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
+    text = list(prompt) + plain[:first]
+    width = max(1, min(k + 1, len(text) - 1))
+    target.reset()
+    target.forward(text[:-width], keep=1)
+    steps = torch.cat([target.forward(text[i : i + 1]) for i in range(len(text) - width, len(text))])
+    target.rollback(len(text) - width)
+    verify = target.forward(text[-width:])
+    target.reset()
+    top = steps[-1].float().topk(2).values
+    gap, error = float(top[0] - top[1]), float((steps - verify).abs().max())
+    return {"first_divergence": first, "plain_token": plain[first] if first < len(plain) else None,
+            "spec_token": spec[first] if first < len(spec) else None, "top2_gap": gap, "shape_error": error,
+            "near_tie": gap <= error}
+
+
+def k_label(k) -> str:
+    """How a K setting prints: the number, or "auto" for an adaptive policy."""
+    return str(k) if isinstance(k, int) else "auto"
+
+
+def make_k(setup: Setup) -> int | KPolicy:
+    return setup.k() if callable(setup.k) else setup.k
+
+
+def warm_up(pair: Pair, setup: Setup, context: int) -> None:
+    """Ready the models for texts of up to `context` tokens (the graph backend captures its graphs), then one
+    short generation of each kind; none of it is measured."""
+    k = make_k(setup)
+    pair.prepare(k if isinstance(k, int) else k.max_k, context)
+    short = replace(setup, max_new_tokens=min(8, setup.max_new_tokens))
+    run_prompt(pair, {"id": "warm-up", "prompt": "Hello"}, short, make_k(setup))
+
+
+def run_set(pair: Pair, prompts: list[dict], setup: Setup, desc: str = "prompts", results: Results | None = None,
+            tag: dict | None = None) -> tuple[list[dict], dict]:
+    """Warm up, run every prompt, and total the set (tokens over summed seconds, not a mean of ratios). Each
+    prompt's row goes to `results` (with the fields of `tag`) as soon as it is done."""
+    longest = max(len(chat_ids(pair.tokenizer, p["prompt"])) for p in prompts)
+    warm_up(pair, setup, longest + setup.max_new_tokens)
+    k = make_k(setup)  # one adaptive policy learns across the whole set, as it would across a server's requests
+    rows = []
+    with log.bar(total=len(prompts), desc=desc) as bar:
+        for prompt in prompts:
+            rows.append(run_prompt(pair, prompt, setup, k))
+            if results:
+                results.add({**(tag or {}), **rows[-1]})
+            bar.update()
+    return rows, total_of(rows, setup.compare_hf)
+
+
+def total_of(rows: list[dict], compare_hf: bool) -> dict:
+    """The set's totals from its rows."""
+    total = {
+        "id": "ALL", "prompt_tokens": sum(r["prompt_tokens"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
+        "near_ties": sum(1 for r in rows if r.get("divergence", {}).get("near_tie")),
+        "divergences": sum(1 for r in rows if "divergence" in r),
+        "alpha": ratio(sum(r["spec"]["accepted"] for r in rows), sum(r["spec"]["drafted"] for r in rows)),
+        "tokens_per_round": ratio(sum(r["tokens"] for r in rows), sum(r["spec"]["rounds"] for r in rows)),
+        "plain_tok_s": ratio(sum(r["plain_tokens"] for r in rows), sum(r["plain_s"] for r in rows)),
+        "spec_tok_s": ratio(sum(r["tokens"] for r in rows), sum(r["spec_s"] for r in rows)),
+    }
+    total["speedup"] = ratio(total["spec_tok_s"], total["plain_tok_s"])
+    if rows and all("identical" in r for r in rows):
+        total["identical"] = all(r["identical"] for r in rows)
+    if compare_hf:
+        for kind in ("hf_plain", "hf_assisted"):
+            total[f"{kind}_tok_s"] = ratio(sum(r[f"{kind}_tokens"] for r in rows), sum(r[f"{kind}_s"] for r in rows))
+        total["hf_assisted_speedup"] = ratio(total["hf_assisted_tok_s"], total["plain_tok_s"])
+        total["ours_vs_hf_assisted"] = ratio(total["spec_tok_s"], total["hf_assisted_tok_s"])
+    return total
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def print_rows(rows: list[dict], total: dict, compare_hf: bool) -> None:
+    columns = [("id", "s"), ("tokens", "d"), ("identical", "s"), ("alpha", ".2f"), ("tokens_per_round", ".2f"),
+               ("plain_tok_s", ".2f"), ("spec_tok_s", ".2f"), ("speedup", ".2f")]
+    if compare_hf:
+        columns += [("hf_plain_tok_s", ".2f"), ("hf_assisted_tok_s", ".2f")]
+    print(table([*rows, total], [c for c in columns if c[0] in total]))

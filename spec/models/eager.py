@@ -1,0 +1,75 @@
+"""The `eager` backend: a transformers model and its DynamicCache, behind the `Model` interface. Runs everywhere."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import torch
+
+
+def rollback_cache(cache, length: int) -> None:
+    """Cut a transformers KV cache back to its first `length` positions.
+
+    The only function that touches a transformers cache. transformers 5.24 rejects the positive `crop(length)` of
+    older versions, while every version we meet accepts `crop(-n)` = "remove the last n"; StaticCache implements
+    that by moving its write position, DynamicCache by slicing.
+    """
+    current = cache.get_seq_length()
+    if length < 0 or length > current:
+        raise ValueError(f"cannot roll a cache of {current} positions back to {length}")
+    if length < current:
+        cache.crop(length - current)
+
+
+class EagerModel:
+    """A causal LM plus its own KV cache (`spec.models.base.Model`).
+
+    `forward(ids)` appends `ids` to the cached text and returns fp32 logits `[len(ids), vocab]` (or the last `keep`
+    rows), cut to the vocabulary shared with the other model of the pair. `rollback(length)` forgets everything
+    after the first `length` positions. `length` is the number of cached positions.
+    """
+
+    def __init__(self, model, vocab: int | None = None, name: str = "model"):
+        self.model = model.eval()
+        self.name = name
+        self.vocab = vocab or model.config.get_text_config().vocab_size
+        self.device = model.device
+        self.cache = None
+        self.length = 0
+        # transformers 5.2x renamed the cache argument `past_key_values` -> `cache`; take whichever this one has.
+        self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    @property
+    def max_length(self) -> int:
+        return self.model.config.get_text_config().max_position_embeddings
+
+    @torch.inference_mode()
+    def forward(self, ids: Sequence[int] | torch.Tensor, keep: int | None = None) -> torch.Tensor:
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).view(1, -1)
+        n = ids.shape[1]
+        if n == 0:
+            raise ValueError("forward needs at least one new token")
+        if self.length + n > self.max_length:
+            raise ValueError(f"{self.name}: {self.length + n} positions exceed the context of {self.max_length}")
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=keep or n, **{self._cache_arg: self.cache})
+        self.cache = out[self._cache_arg]
+        self.length += n
+        return out.logits[0, :, : self.vocab].float()
+
+    def prepare(self, tokens: int, context: int) -> None:
+        """Nothing to prepare: the eager backend has no shapes to capture."""
+
+    def rollback(self, length: int) -> None:
+        if length == 0:
+            self.cache, self.length = None, 0
+            return
+        rollback_cache(self.cache, length)
+        self.length = length
+
+    def reset(self) -> None:
+        self.rollback(0)
+
+    def weight_bytes(self) -> int:
+        """Bytes one decode step must read: every parameter once (tied embeddings counted once)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())

