@@ -210,8 +210,14 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
     from spec import tune_kernels
     from spec.models import kernels
 
-    assert kernels.gemv_config("add", 4096, 4096) == (8, 512, 4)  # no device: the rule
+    assert kernels.gemv_config("add", 4096, 4096) == (8, 512, 8)  # no device: the rule
     assert kernels.gemv_config("qkv", 64, 4096) == (8, 256, 4)
+    # Untuned shapes (the Qwen pair's) get tiles inside the tuner's register bound below: a rule that grew the rows
+    # with N gave the 1.5B's gate/up 32 x 512 x 2 weights a program, which spilled (16 ms a step, 1.35 without).
+    for kind, n, k in (("silu_mul", 8960, 1536), ("add", 1536, 8960), ("add", 1536, 1536), ("logits", 151936, 1536),
+                       ("silu_mul", 4864, 896), ("logits", 151936, 896)):
+        bn, block_k, warps = kernels.gemv_config(kind, n, k)
+        assert 256 * warps <= bn * block_k * (2 if kind == "silu_mul" else 1) <= 2048 * warps, (kind, n, k)
     # 2-16 tokens: (rows, columns, warps, pipeline stages), a table of its own
     assert kernels.gemv_config("add", 4096, 4096, tokens=9) == (32, 256, 2, 6)
     assert kernels.gemv_config("silu_mul", 14336, 4096, tokens=2) == (128, 64, 4, 4)
