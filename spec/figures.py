@@ -10,7 +10,7 @@
 - roofline.png: why verifying K + 1 tokens costs about one step. One Llama 3.1 8B forward over n tokens in bf16
   reads 16.06 GB of weights and does 2 FLOP per parameter per token (n FLOP per byte), so its time is
   max(bytes / bandwidth, FLOPs / peak): flat until n reaches the ridge point peak / bandwidth. Drawn for a DGX Spark
-  and an H200, with the H200 measurements of shared FACTS.md next to the line. The curve you measure yourself is
+  and an H200, with measurements made on an H200 next to the line. The curve you measure yourself is
   drawn by `python -m spec.verify_cost` (results/verify_cost-<time>.png).
 
 The numbers behind each figure go to results/figures-<time>.json.
@@ -73,10 +73,10 @@ MACHINES = [
     # GB10 datasheet: 273 GB/s; its 1 PFLOP/s is FP4 with sparsity. bf16 dense is taken as 1/8 of that: the ridge
     # moves with this guess, the memory-bound floor (what decoding sees) does not.
     Machine("DGX Spark", 273e9, 125e12, "273 GB/s datasheet, ~125 TFLOP/s bf16 assumed"),
-    # H200 SXM: 4.28 TB/s measured with a device copy (shared FACTS.md), 989 TFLOP/s bf16 dense datasheet.
+    # H200 SXM: 4.28 TB/s measured there with a device-to-device copy, 989 TFLOP/s bf16 dense datasheet.
     Machine("H200", 4.28e12, 989e12, "4.28 TB/s measured copy, 989 TFLOP/s bf16 datasheet"),
 ]
-# Measured on the H200: HF forward + StaticCache + CUDA graph, with and without torch.compile (shared FACTS.md).
+# Measured on the H200: HF forward + StaticCache + CUDA graph, with and without torch.compile.
 H200_MEASURED = {"graph + compile": {1: 5.90, 8: 6.51}, "graph, no compile": {1: 8.88, 8: 10.62}}
 
 

@@ -40,7 +40,7 @@ TASK_SHRINK = {
     "dist_test": {"--loop-n": "300"},
     "bench_engine": {"--backends": "eager,static"},  # the graph backends need CUDA
 }
-DROP = {"--device", "--target", "--draft"}  # flags taking one value that CI cannot honour
+DROP = {"--device", "--target", "--draft", "--backend"}  # flags taking one value that CI cannot honour
 TIMEOUT_S = 240
 
 
