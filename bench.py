@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import sys
@@ -65,6 +66,16 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
+def json_bias(text: str) -> dict[str, float]:
+    try:
+        bias = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"--logit-bias must be a JSON object, got {text!r} ({err})") from None
+    if not isinstance(bias, dict):
+        raise argparse.ArgumentTypeError(f"--logit-bias must be a JSON object of token id -> bias, got {text!r}")
+    return {str(key): float(value) for key, value in bias.items()}
+
+
 def parse_counters(text: str) -> dict[str, float] | None:
     """Spec-decode counters from Prometheus text, summed over label sets and matched by the name after the prefix
     (spark:..., vllm:...); None unless all three are there."""
@@ -93,14 +104,13 @@ async def scrape(client: httpx.AsyncClient, url: str) -> dict[str, float] | None
 
 async def one_request(client: openai.AsyncOpenAI, model: str, prompt: str, args) -> dict:
     """Stream one chat completion; return its timings (seconds) or its error."""
-    extra = {"ignore_eos": True} if args.ignore_eos else None
     start = time.perf_counter()
     row = {"start": start, "ok": False}
     chunks, tokens = [], None
     try:
         stream = await client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": prompt}], max_tokens=args.max_tokens,
-            temperature=args.temperature, stream=True, stream_options={"include_usage": True}, extra_body=extra)
+            temperature=args.temperature, stream=True, stream_options={"include_usage": True}, **sampling_fields(args))
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 chunks.append(time.perf_counter())
@@ -118,6 +128,18 @@ async def one_request(client: openai.AsyncOpenAI, model: str, prompt: str, args)
     row.update(ok=True, ttft=ttft, e2e=e2e, tokens=tokens, chunks=len(chunks), itl=gaps,
                tpot=(e2e - ttft) / (tokens - 1) if tokens > 1 else None)
     return row
+
+
+# OpenAI fields, sent when set; and extensions (vLLM's and spark-spec's), sent in the body when set.
+OPENAI_FIELDS = ("top_p", "presence_penalty", "frequency_penalty", "seed", "logit_bias")
+EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "coupled", "ignore_eos")
+
+
+def sampling_fields(args) -> dict:
+    """The request's sampling parameters beyond temperature, as the openai client takes them."""
+    fields = {name: getattr(args, name) for name in OPENAI_FIELDS if getattr(args, name) is not None}
+    extra = {name: getattr(args, name) for name in EXTENSIONS if getattr(args, name) not in (None, False)}
+    return {**fields, **({"extra_body": extra} if extra else {})}
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -219,6 +241,9 @@ def conditions(args) -> str:
         parts.append("ignore_eos")
     if args.temperature:
         parts.append(f"T={args.temperature:g}")
+    sent = sampling_fields(args)
+    parts += [f"{name}={value}" for name, value in {**sent.pop("extra_body", {}), **sent}.items()
+              if name != "ignore_eos"]
     return "; ".join(parts + ([args.change] if args.change else []))
 
 
@@ -247,6 +272,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=0.0, help="default 0 (greedy)")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="ask the server to generate all max_tokens (vLLM / spark-spec extension)")
+    g = parser.add_argument_group("sampling (sent only when given; the extensions in the request body)")
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--presence-penalty", type=float)
+    g.add_argument("--frequency-penalty", type=float)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--logit-bias", type=json_bias, help='a JSON object of token id -> bias, e.g. \'{"100": -100}\'')
+    g.add_argument("--top-k", type=int, help="extension (vLLM, spark-spec)")
+    g.add_argument("--min-p", type=float, help="extension (vLLM, spark-spec)")
+    g.add_argument("--repetition-penalty", type=float, help="extension (vLLM, spark-spec)")
+    g.add_argument("--coupled", action="store_true", help="spark-spec's coupled sampling (with --seed)")
     parser.add_argument("--warmup", type=int, default=1, help="unrecorded requests before the first level")
     parser.add_argument("--change", default="", help="what changed, for the row's note")
     parser.add_argument("--scoreboard", type=Path, default=SCOREBOARD, help="markdown file rows are appended to")

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import torch
 from scipy import stats
 
 from spec.models import Model
-from spec.rules import Sampling, warp
+from spec.warps import Sampling, TokenCounts, warp
 
 LEVEL = 1e-3  # significance: a correct run is wrongly failed once in a thousand
 MIN_EXPECTED = 5  # bins with a smaller expected count are pooled
@@ -117,6 +118,7 @@ def sequence_law(target: Model, prompt: Sequence[int], depth: int, sampling: Sam
     so probs sum to 1. Each expanded node costs one target forward over its few tokens.
     """
     prompt = list(prompt)
+    counts = TokenCounts(prompt, target.vocab, target.device) if sampling.penalised else None
     target.reset()
     if len(prompt) > 1:
         target.forward(prompt[:-1], keep=1)
@@ -128,7 +130,9 @@ def sequence_law(target: Model, prompt: Sequence[int], depth: int, sampling: Sam
         for prefix in frontier:
             logits = target.forward([prompt[-1], *prefix], keep=1)[-1]
             target.rollback(base)
-            cond = warp(logits, sampling).double().cpu().numpy()
+            # The penalties at this node count its prefix: the output so far.
+            row = counts.rows(torch.tensor(prefix, dtype=torch.long), len(prefix), 1) if counts else (None, None)
+            cond = warp(logits[None], sampling, *row)[0].double().cpu().numpy()
             for token in np.flatnonzero(n * mass[prefix] * cond >= MIN_EXPECTED):
                 child = (*prefix, int(token))
                 mass[child] = mass[prefix] * float(cond[token])

@@ -10,6 +10,9 @@ exactly the correct code; only `spec.dist_test`, the tests and the docs' figures
   draft was chosen from (that was one-hot at the argmax).
 - `no-rollback` (a target): rollback moves `length` but leaves the rejected drafts' KV entries in the cache, so the
   next round attends to text that was never accepted.
+- `committed-penalty` (the token counts): penalties at every position of a round count only the committed text,
+  not the drafts before that position, so the target's rows after the first are penalised as if d_1 .. d_{i-1}
+  had not been written.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ import torch
 
 from spec.drafters import ModelDrafter
 from spec.models import EagerModel
-from spec.rules import warp
+from spec.warps import Decoding, Sampling, TokenCounts
 
 BUGS = {
     "resample-p": "on rejection the rule samples the fix from p instead of the residual max(0, p - q)",
     "softmax-q": "the draft picks its argmax but reports q = softmax(logits) instead of one-hot",
     "no-rollback": "the target's rollback moves its length but keeps the rejected drafts' KV entries",
+    "committed-penalty": "penalties count the committed text only, not the drafts before each position",
 }
 
 
@@ -69,15 +73,15 @@ class SoftmaxQDrafter(ModelDrafter):
     drafter is just the normal one.
     """
 
-    def propose(self, seq, k, sampling, generator):
-        if sampling.greedy:
-            return super().propose(seq, k, sampling, generator)
+    def propose(self, seq, k, decoding, generator):
+        if decoding.deterministic:
+            return super().propose(seq, k, decoding, generator)
         drafts, dists = [], []
         new = torch.as_tensor(seq[self.model.length :], dtype=torch.long, device=self.model.device)
-        for _ in range(k):
-            logits = self.model.forward(new, keep=1)[-1]  # [V]
-            token = logits.argmax(-1, keepdim=True)  # the bug: the draw is not from the q reported below
-            dists.append(warp(logits, sampling))
+        for i in range(k):
+            logits = self.model.forward(new, keep=1)  # [1, V]
+            token = logits[0].argmax(-1, keepdim=True)  # the bug: the draw is not from the q reported below
+            dists.append(decoding.probs(logits, drafts, start=i)[0])
             drafts.append(token)
             new = token
         if not drafts:
@@ -121,3 +125,21 @@ class StaleCacheModel(EagerModel):
             raise ValueError(f"cannot roll {self.length} positions back to {length}")
         else:
             self.length = length  # the bug: the cache keeps everything after `length`
+
+
+# ---- committed-penalty: wrong token counts -------------------------------------------------------------------
+
+
+class CommittedOnlyCounts(TokenCounts):
+    """`spec.warps.TokenCounts` with one mistake: every row of a round gets the committed text's counts, as if the
+    drafts before it were not there. Invisible in greedy text at position 1 and in any round that drafts one
+    token; visible to a chi-square at positions 2 and later, whenever a penalty is on."""
+
+    def rows(self, path, start: int = 0, n: int = 1):
+        counts = self.output.expand(n, -1)  # the bug: path[:start + i] is not counted
+        return counts, self.in_prompt | (counts > 0)
+
+
+def committed_penalty_decoding(sampling: Sampling, prompt: list[int], vocab: int, device) -> Decoding:
+    """A `Decoding` whose counts are `CommittedOnlyCounts`: pass it to `spec.loop.generate(..., decoding=)`."""
+    return Decoding(sampling, CommittedOnlyCounts(prompt, vocab, device))

@@ -1,6 +1,6 @@
 """t5: chi-square proof that speculative sampling emits exactly the target's distribution — and that the proof bites.
 
-    python -m spec.dist_test                       # (a) + (b) with every Break-It variant
+    python -m spec.dist_test                       # (a), (b) and (d) with every Break-It variant
     python -m spec.dist_test --break no-rollback   # the correct code and one bug
     python -m spec.dist_test --no-real             # skip loading the real pair
 
@@ -20,6 +20,11 @@
     softmax-q   — an argmax draft reported with q = softmax(logits); caught in (a) and in the loop (b).
     no-rollback — rejected drafts stay in the target's KV cache; caught in the loop (b), and greedy identity with
                   plain decoding breaks in the first round after a rejection (printed under the table).
+    committed-penalty — penalties count the committed text only, not the drafts before each position of a round;
+                  caught in (d) under frequency penalty 2.
+(d) Every warp of the pipeline (spec/warps.py: presence, frequency and repetition penalties, logit_bias, min_p, and
+    all of them with temperature, top-k and top-p) through the whole loop, as (b): the law of the first three tokens
+    against the target's exact law under the same warp, its penalties counting each prefix.
 
 Binning: categories whose expected count is below 5 are pooled (`merge_bins`). A test passes when its p-value is at
 least 0.001. Power — the chance a test at this sample size and binning rejects a bug's law — comes from the
@@ -31,6 +36,7 @@ sample sizes and results are in docs/exactness.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -55,6 +61,7 @@ from spec.deliberately_wrong import (
     BUGS,
     SoftmaxQDrafter,
     StaleCacheModel,
+    committed_penalty_decoding,
     resample_from_p,
     resample_from_p_law,
     softmax_q_law,
@@ -63,7 +70,8 @@ from spec.drafters import ModelDrafter, NoDrafter
 from spec.io import Results, table
 from spec.loop import generate
 from spec.models import Model, ModelError, chat_ids, load_pair
-from spec.rules import Sampling, accept_or_fix, warp
+from spec.rules import accept_or_fix
+from spec.warps import Decoding, Sampling, warp
 
 # Six tokens, alpha = 0.7. The draft over-proposes tokens 2 and 3 (q > p), under-proposes 0 and 1, matches 4 and 5;
 # no ties in q, so the softmax-q bug's argmax draft is well defined (token 2).
@@ -165,13 +173,14 @@ def real_rows(pair, sampling: Sampling, prompt: str, positions: int = 16) -> tup
 
 
 def loop_outputs(target: Model, drafter, prompt, depth: int, k: int, sampling: Sampling, n: int, seed: int,
-                 desc: str) -> list[list[int]]:
-    """The first `depth` tokens of n seeded generations through the real loop (one generator for all n)."""
+                 desc: str, decoding: Callable[[], Decoding] | None = None) -> list[list[int]]:
+    """The first `depth` tokens of n seeded generations through the real loop (one generator for all n);
+    `decoding` makes each generation's token-counting state (default: the loop's own)."""
     generator = torch.Generator().manual_seed(seed)
     outputs = []
     for _ in log.bar(iterable=range(n), desc=desc, unit="run"):
         outputs.append(generate(target, drafter, prompt, depth, k=k, sampling=sampling, generator=generator,
-                                timing=False).tokens)
+                                timing=False, decoding=decoding() if decoding else None).tokens)
     return outputs
 
 
@@ -220,6 +229,43 @@ def loop_checks(pair, variants: Sequence[str], n: int, seed: int, sampling: Samp
     return checks
 
 
+# (d) Every warp of the pipeline through the whole loop, each strong enough to matter at positions 2 and 3 of the
+# first round (K = 2), where the penalties must count the drafts before them. The tiny tokenizer's ids are bytes.
+WARPS = {
+    "presence 2": Sampling(1.0, presence_penalty=2.0),
+    "frequency 2": Sampling(1.0, frequency_penalty=2.0),
+    "repetition 1.5": Sampling(1.0, repetition_penalty=1.5),
+    "logit_bias": Sampling(1.0, logit_bias=((ord("e"), 4.0), (ord(" "), -3.0), (ord("("), 100.0 / 30))),
+    "min_p 0.1": Sampling(1.0, min_p=0.1),
+    "all at once": Sampling(0.8, top_k=40, top_p=0.9, min_p=0.02, presence_penalty=1.0, frequency_penalty=0.5,
+                            repetition_penalty=1.2, logit_bias=((ord("e"), 2.0),)),
+}
+PENALTY_BUG_WARP = "frequency 2"  # the committed-penalty bug is run under this one
+
+
+@one_thread()
+def warp_checks(pair, names: Sequence[str], n: int, seed: int, bug: bool, depth: int = 3, k: int = 2) -> list[Check]:
+    """(d): the loop's first `depth` tokens under each warp against the exact law of the target warped alike (its
+    penalties counting each prefix); with `bug`, the committed-penalty variant too, its power from a pilot."""
+    prompt = pair.tokenizer(LOOP_PROMPT).input_ids
+    checks = []
+    for name in names:
+        sampling = WARPS[name]
+        nodes, probs = sequence_law(pair.target, prompt, depth, sampling, n)
+        bins = merge_bins(probs, n)
+        wrong = functools.partial(committed_penalty_decoding, sampling, prompt, pair.target.vocab, pair.target.device)
+        for variant, decoding in [("correct", None), *([("committed-penalty", wrong)] if bug and name ==
+                                                       PENALTY_BUG_WARP else [])]:
+            runs = [categorize(loop_outputs(pair.target, ModelDrafter(pair.draft), prompt, depth, k, sampling, n,
+                                            seed + pilot, f"{'pilot' if pilot else variant} {name}", decoding),
+                               nodes, depth) for pilot in range(1 if decoding is None else 2)]
+            chi2, df, pv = chi_square(runs[0], probs, bins)
+            pw = None if decoding is None else pilot_power(runs[1], probs, bins, n)
+            checks.append(Check("d" if decoding is None else "c", f"tiny loop, {name}, first {depth}, K={k}",
+                                variant, n, df + 1, chi2, df, pv, "pass" if decoding is None else "fail", pw))
+    return checks
+
+
 @one_thread()
 def greedy_identity_break(pair, max_new_tokens: int = 24, k: int = 4) -> dict:
     """Greedy decoding through a no-rollback target vs plain greedy decoding on the tiny pair: the round in which
@@ -256,6 +302,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         + "; ".join(f"{k}: {v}" for k, v in BUGS.items()))
     parser.add_argument("--n", type=int, default=100_000, help="rounds per rule test (a) (default 100000)")
     parser.add_argument("--loop-n", type=int, default=2000, help="generations per loop test (b) (default 2000)")
+    parser.add_argument("--warps", default="all", choices=["all", "none", *WARPS],
+                        help="warps to run through the whole loop in part (d) (default all)")
+    parser.add_argument("--warp-n", type=int, default=500, help="generations per warp test (d) (default 500)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every test (pilots use seed + 1)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     parser.add_argument("--top-k", type=int, default=0, help="top-k warp, 0 = off")
@@ -266,8 +315,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompt", default=REAL_PROMPT, help="prompt whose answer gives the real rows")
     add_model_args(parser)
     args = parser.parse_args(argv)
-    if args.n < 100 or args.loop_n < 100:
-        parser.error("--n and --loop-n must be at least 100")
+    if args.n < 100 or args.loop_n < 100 or args.warp_n < 100:
+        parser.error("--n, --loop-n and --warp-n must be at least 100")
     if args.temperature <= 0:
         parser.error("--temperature must be > 0: these are tests of sampling (greedy identity is t3's job)")
     try:
@@ -311,6 +360,8 @@ def main(argv=None) -> int:
     checks += done(loop_checks(tiny, variants, args.loop_n, args.seed, args.sampling))
     if "no-rollback" in variants:
         extra["no_rollback_greedy"] = greedy_identity_break(tiny)
+    warps = list(WARPS) if args.warps == "all" else [] if args.warps == "none" else [args.warps]
+    checks += done(warp_checks(tiny, warps, args.warp_n, args.seed, "committed-penalty" in variants))
 
     rows = [c.row() for c in checks]
     print(table(rows, [("part", ""), ("case", ""), ("variant", ""), ("n", "d"), ("bins", "d"), ("chi2", ".1f"),

@@ -1,8 +1,10 @@
 """Drafters: where the K guesses come from.
 
 A drafter has three calls. `prefill(ids)` sees the prompt (less its last token) before the first round.
-`propose(seq, k, sampling, generator)` returns up to k draft ids [k'] (int64, on the target's device) and the
-distributions they were sampled from [k', V] — or None when the drafter is deterministic (one-hot q).
+`propose(seq, k, decoding, generator)` returns up to k draft ids [k'] (int64, on the target's device) and the
+distributions they were sampled from [k', V] — or None when the drafter is deterministic (one-hot q). `decoding`
+(spec.warps.Decoding) is how the target chooses its tokens: a draft model warps its rows the same way, position
+by position along its own drafts (penalties count them), and in coupled mode takes the same noise's argmax.
 `rollback(length)` tells it that only the first `length` tokens of the text are true.
 """
 
@@ -15,14 +17,15 @@ import torch
 
 from spec.models import Model
 from spec.remap import RemappedDrafter
-from spec.rules import Sampling, sample, warp
+from spec.rules import sample
+from spec.warps import Decoding
 
 
 class Drafter(Protocol):
     def prefill(self, ids: Sequence[int]) -> None: ...
 
     def propose(
-        self, seq: Sequence[int], k: int, sampling: Sampling, generator: torch.Generator | None
+        self, seq: Sequence[int], k: int, decoding: Decoding, generator: torch.Generator | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
     def rollback(self, length: int) -> None: ...
@@ -37,7 +40,7 @@ class NoDrafter:
     def prefill(self, ids):
         pass
 
-    def propose(self, seq, k, sampling, generator):
+    def propose(self, seq, k, decoding, generator):
         return torch.empty(0, dtype=torch.long, device=self.device), None
 
     def rollback(self, length):
@@ -59,15 +62,15 @@ class ModelDrafter:
         if len(ids):
             self.model.forward(ids, keep=1)
 
-    def propose(self, seq, k, sampling, generator):
+    def propose(self, seq, k, decoding, generator):
         drafts, dists = [], []
         new = torch.tensor(seq[self.model.length :], dtype=torch.long).to(self.model.device, non_blocking=True)
-        for _ in range(k):
-            logits = self.model.forward(new, keep=1)[-1]  # [V]
-            if sampling.greedy:
-                token = logits.argmax(-1, keepdim=True)
+        for i in range(k):
+            logits = self.model.forward(new, keep=1)  # [1, V]: position i of the round, after drafts[:i]
+            if decoding.deterministic:
+                token = decoding.scores(logits, drafts, start=i)[0].argmax(-1, keepdim=True)
             else:
-                q = warp(logits, sampling)
+                q = decoding.probs(logits, drafts, start=i)[0]
                 token = sample(q, generator)
                 dists.append(q)
             drafts.append(token.view(1))
@@ -112,7 +115,7 @@ class LookupDrafter:
     def prefill(self, ids):
         pass
 
-    def propose(self, seq, k, sampling, generator):
+    def propose(self, seq, k, decoding, generator):
         return torch.tensor(lookup_draft(seq, k, self.max_ngram), dtype=torch.long, device=self.device), None
 
     def rollback(self, length):

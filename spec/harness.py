@@ -20,7 +20,7 @@ from spec.drafters import make_drafter
 from spec.io import Results, table
 from spec.loop import KPolicy, Result, generate
 from spec.models import Model, Pair, chat_ids, sync_time
-from spec.rules import Sampling
+from spec.warps import Sampling
 
 
 @dataclass
@@ -87,7 +87,7 @@ def run_loop(pair: Pair, method: str, k: int | KPolicy, ids: list[int], max_new_
     """One generation by our loop: `method` draft, lookup or none (plain decoding), a seeded generator."""
     generator = torch.Generator(device=pair.device).manual_seed(seed)
     return generate(pair.target, make_drafter(method, pair), ids, max_new_tokens, k=k, sampling=sampling,
-                    generator=generator, eos=pair.eos)
+                    generator=generator, eos=pair.eos, seed=seed)
 
 
 def hf_generate(pair: Pair, ids: list[int], max_new_tokens: int, sampling: Sampling = Sampling(),
@@ -124,7 +124,7 @@ def run_prompt(pair: Pair, prompt: dict, setup: Setup, k: int | KPolicy) -> dict
         "spec_tokens": spec.tokens, "text": pair.tokenizer.decode(spec.tokens, skip_special_tokens=True),
     }
     row["speedup"] = row["spec_tok_s"] / row["plain_tok_s"]
-    if setup.sampling.greedy:  # sampled outputs are not expected to match plain sampling token for token
+    if setup.sampling.greedy or setup.sampling.coupled:  # else no sampled text is expected to match plain's
         row["identical"] = spec.tokens == plain.tokens
     if setup.sampling.greedy and not row["identical"]:
         row["divergence"] = explain_divergence(pair.target, ids, plain.tokens, spec.tokens,

@@ -20,7 +20,8 @@ import torch
 
 from spec.drafters import Drafter
 from spec.models import Model, sync_time
-from spec.rules import Sampling, accept_or_fix, greedy_rule, warp
+from spec.rules import accept_or_fix, greedy_rule
+from spec.warps import Decoding, Sampling
 
 
 @dataclass
@@ -36,6 +37,9 @@ class Round:
     total_s: float
     prefill_s: float = 0.0  # only on the first round: the prompt's forward through target and drafter
     finish: str | None = None  # "stop" (EOS), "length" (max_new_tokens), or None while generation goes on
+    # With `logprobs=N`: per emitted token, (its log-probability, the N most likely (id, log-probability)) under the
+    # target's raw distribution at that position (its logits before any warp).
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 class KPolicy(Protocol):
@@ -76,6 +80,9 @@ def speculate(
     generator: torch.Generator | None = None,
     eos: Iterable[int] = (),
     timing: bool = True,
+    seed: int | None = None,
+    logprobs: int | None = None,
+    decoding: Decoding | None = None,
 ) -> Iterator[Round]:
     """Generate up to `max_new_tokens` tokens after `prompt`, one `Round` at a time.
 
@@ -83,6 +90,9 @@ def speculate(
     sampled runs follow the target's (warped) distribution. Generation stops after the first EOS id (which is
     emitted) or at exactly `max_new_tokens`. The caches of `target` and `drafter` are reset first, so the same
     objects can serve one request after another. `timing=False` skips the device syncs that per-phase times need.
+    `seed` keys the coupled mode's noise (`Sampling(coupled=True)`); `logprobs=N` reports each emitted token's
+    log-probability and the N most likely under the target's raw distribution. `decoding` replaces the state built
+    from `sampling` and `seed` (how the token counts and noise are kept).
     """
     policy = FixedK(k) if isinstance(k, int) else k
     prompt = list(prompt)
@@ -97,6 +107,7 @@ def speculate(
         )
     stop_ids = frozenset(eos)
     device = target.device
+    decoding = decoding or Decoding.start(sampling, prompt, target.vocab, device, seed)
 
     def clock() -> float:
         return sync_time(device) if timing else time.perf_counter()
@@ -117,7 +128,7 @@ def speculate(
     while True:
         t0 = clock()
         k_now = max(0, min(policy.next_k(), max_new_tokens - emitted - 1))
-        drafts, q = drafter.propose(seq, k_now, sampling, generator)  # [k'], [k', V] | None
+        drafts, q = drafter.propose(seq, k_now, decoding, generator)  # [k'], [k', V] | None
         t1 = clock()
         if last is not None and target.length == len(seq) - 1:
             uncached = last
@@ -125,34 +136,49 @@ def speculate(
             uncached = torch.tensor(seq[target.length :], dtype=torch.long).to(device, non_blocking=True)
         fed = torch.cat([uncached, drafts]) if len(drafts) else uncached
         logits = target.forward(fed, keep=len(drafts) + 1)  # [k'+1, V]
-        if sampling.greedy:
-            n_accepted, nxt = greedy_rule(logits[None], drafts[None])
+        if decoding.deterministic:  # greedy, or coupled: the target's own argmax decides, whatever was drafted
+            n_accepted, nxt = greedy_rule(decoding.scores(logits, drafts)[None], drafts[None])
         else:
-            p = warp(logits, sampling)
+            p = decoding.probs(logits, drafts)  # [k'+1, V]: row i warped along drafts[:i]
             n_accepted, nxt = accept_or_fix(p[None], None if q is None else q[None], drafts[None], generator)
         n, fix, *draft_ids = torch.cat([n_accepted, nxt, drafts]).tolist()  # the round's one device -> host sync
         last = nxt
         t2 = clock()
 
-        new = draft_ids[:n] + [fix]
-        finish = None
-        for i, token in enumerate(new):
-            if token in stop_ids:
-                new, finish = new[: i + 1], "stop"
-                break
-        if finish is None and emitted + len(new) >= max_new_tokens:
-            new, finish = new[: max_new_tokens - emitted], "length"
+        new, finish = cut(draft_ids[:n] + [fix], stop_ids, max_new_tokens - emitted)
         seq = seq + new
         emitted += len(new)
+        decoding.advance(new)
         if finish is None:
             target.rollback(len(seq) - 1)
             drafter.rollback(len(seq) - 1)
-        rnd = Round(new, len(draft_ids), n, t1 - t0, t2 - t1, clock() - t0, prefill_s, finish)
+        reported = None if logprobs is None else token_logprobs(logits[: len(new)], new, logprobs)
+        rnd = Round(new, len(draft_ids), n, t1 - t0, t2 - t1, clock() - t0, prefill_s, finish, reported)
         prefill_s = 0.0
         policy.observe(rnd)
         yield rnd
         if finish:
             return
+
+
+def cut(tokens: list[int], stop_ids: frozenset[int], room: int) -> tuple[list[int], str | None]:
+    """A round's tokens as emitted: up to and including the first EOS ("stop"), at most `room` ("length")."""
+    for i, token in enumerate(tokens):
+        if token in stop_ids:
+            return tokens[: i + 1], "stop"
+    if len(tokens) >= room:
+        return tokens[:room], "length"
+    return tokens, None
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Each token's log-probability under the raw distribution of its row, and the `top` most likely.
+    logits: [n, V] (row i predicts tokens[i])."""
+    log_p = logits.float().log_softmax(-1)
+    chosen = log_p.gather(1, torch.tensor(tokens, device=log_p.device)[:, None]).squeeze(1).tolist()
+    best = log_p.topk(top, dim=-1) if top else None
+    tops = [list(zip(i, v)) for i, v in zip(best.indices.tolist(), best.values.tolist())] if top else [[]] * len(tokens)
+    return list(zip(chosen, tops))
 
 
 @dataclass

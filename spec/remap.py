@@ -21,16 +21,18 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
 from spec.models import Model
-from spec.rules import sample, warp
+from spec.rules import sample
+from spec.warps import warp
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
-def _byte_level_table() -> dict[str, int]:
+def byte_level_table() -> dict[str, int]:
     """GPT-2's byte <-> printable-character table, as used by byte-level BPE vocabularies (Qwen, Llama 3)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = {b: chr(b) for b in printable}
@@ -42,7 +44,7 @@ def _byte_level_table() -> dict[str, int]:
     return {ch: b for b, ch in chars.items()}
 
 
-def _is_byte_level(tokenizer) -> bool:
+def is_byte_level(tokenizer) -> bool:
     """True when the tokenizer's decoder is byte-level BPE (vocabulary entries spell bytes as characters)."""
     decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
     if decoder is None:
@@ -63,7 +65,7 @@ def token_keys(tokenizer, size: int) -> list[bytes | tuple | None]:
     pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
     added = {int(i): token for i, token in tokenizer.added_tokens_decoder.items()}
     special = set(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
-    table = _byte_level_table() if _is_byte_level(tokenizer) else None
+    table = byte_level_table() if is_byte_level(tokenizer) else None
     keys: list[bytes | tuple | None] = []
     for i, piece in enumerate(pieces):
         if piece is None:
@@ -135,7 +137,12 @@ class RemappedDrafter:
             self.model.forward(encoded, keep=1)
         self.cached = encoded
 
-    def propose(self, seq, k, sampling, generator):
+    def propose(self, seq, k, decoding, generator):
+        # Penalties and logit_bias are defined over the target's ids: the draft warps its own rows without them
+        # (the rule stays exact for any q; only acceptance pays). In coupled mode the target's argmax decides, so a
+        # greedy proposal is as exact as any.
+        sampling = replace(decoding.sampling, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0,
+                           logit_bias=(), temperature=0.0 if decoding.deterministic else decoding.sampling.temperature)
         drafts, dists = [], []
         new = self._catch_up(self.express(seq)) if k > 0 else []
         for _ in range(k):

@@ -14,52 +14,7 @@ independent rounds in one call; the decoding loop uses B = 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How a next token is chosen from logits. temperature 0 means greedy (argmax); top_k 0 and top_p 1 are off."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    def __post_init__(self):
-        if not (self.temperature >= 0 and self.temperature != float("inf")):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not (0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-
-def warp(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """Logits [..., V] -> probabilities [..., V] (fp32) after temperature, then top-k, then top-p.
-
-    Applied identically to target and draft logits: speculation reproduces whatever p it is given, so p and q must
-    be warped the same way. top-p keeps the smallest set of most likely tokens whose mass reaches top_p.
-    """
-    if sampling.greedy:
-        raise ValueError("greedy decoding has no distribution to warp; use greedy_rule")
-    logits = logits.float() / sampling.temperature
-    if sampling.top_k and sampling.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if sampling.top_p < 1:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        sorted_probs = sorted_logits.softmax(-1)
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs  # mass of strictly more likely tokens
-        drop_sorted = mass_before >= sampling.top_p  # never drops the most likely token
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(-1)
 
 
 def greedy_rule(target_logits: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

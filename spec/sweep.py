@@ -32,7 +32,7 @@ from spec.io import RESULTS_DIR, Results, load_prompts, save_json, table
 from spec.models import chat_ids, dtype_name
 from spec.policy import AdaptiveK
 from spec.remap import reencode
-from spec.rules import Sampling
+from spec.warps import Sampling
 
 WARMUP_TOKENS = 16
 LOOP_METHODS = ("plain", "draft", "lookup", "auto")

@@ -93,3 +93,27 @@ def test_bench_against_the_live_server(server, tmp_path):
             # float64, the same (e2e - ttft) / (tokens - 1) on the same JSON-round-tripped floats: bit-identical
             assert request["tpot"] == (request["e2e"] - request["ttft"]) / 4
     assert "api_key" not in raw["config"]
+
+
+def test_sampling_fields_are_sent_only_when_given():
+    args = bench.parse_args(["--presence-penalty", "1", "--logit-bias", '{"10": -100}', "--top-k", "20", "--coupled",
+                             "--seed", "3"])
+    assert bench.sampling_fields(args) == {"presence_penalty": 1.0, "seed": 3, "logit_bias": {"10": -100.0},
+                                           "extra_body": {"top_k": 20, "coupled": True}}
+    assert bench.sampling_fields(bench.parse_args([])) == {}
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--logit-bias", "[1, 2]"])
+
+
+def test_bench_scores_a_penalised_workload(server, tmp_path):
+    """The scoreboard can score a workload with penalties, bias, min_p and coupled sampling: no request fails and
+    the row's note names what was sent."""
+    board = tmp_path / "SCOREBOARD.md"
+    code = bench.main(["--base-url", f"{server.url}/v1", "--api-key", KEY, "--target", "test", "--prompts", "short",
+                       "--concurrency", "1", "--n", "2", "--max-tokens", "6", "--temperature", "0.8", "--seed", "3",
+                       "--presence-penalty", "1.0", "--frequency-penalty", "0.5", "--logit-bias", '{"10": -100}',
+                       "--min-p", "0.05", "--coupled", "--scoreboard", str(board), "--out", str(tmp_path / "r"),
+                       "--quiet"])
+    assert code == 0
+    row = board.read_text().splitlines()[-1]
+    assert "| 0 |" in row and "presence_penalty=1.0" in row and "coupled=True" in row and "min_p=0.05" in row

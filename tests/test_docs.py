@@ -37,7 +37,7 @@ SHRINK = {
 TASK_SHRINK = {
     "sweep": {"--k": "1,2"},  # a list of Ks here, one K elsewhere
     # Fewer loop runs than this and the loop-level Break-It bugs go uncaught (power 0.2 at 100): exit status 1.
-    "dist_test": {"--loop-n": "300"},
+    "dist_test": {"--loop-n": "300", "--warp-n": "200"},
     "bench_engine": {"--backends": "eager,static"},  # the graph backends need CUDA
 }
 DROP = {"--device", "--target", "--draft", "--backend"}  # flags taking one value that CI cannot honour

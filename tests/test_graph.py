@@ -10,7 +10,7 @@ from spec.drafters import ModelDrafter, NoDrafter
 from spec.loop import generate
 from spec.models import EagerModel, ModelError, load_pair, make_model
 from spec.models.graph import SPAN_STEP, GraphModel, unsupported_reason
-from spec.rules import Sampling, warp
+from spec.warps import Sampling, warp
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -8,7 +8,7 @@ import torch
 from spec.drafters import LookupDrafter, ModelDrafter, NoDrafter, lookup_draft, make_drafter
 from spec.loop import generate
 from spec.models import EagerModel, chat_ids
-from spec.rules import Sampling
+from spec.warps import Sampling
 
 N = 48
 

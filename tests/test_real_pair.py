@@ -9,7 +9,8 @@ import torch
 from spec.drafters import make_drafter
 from spec.io import load_prompts
 from spec.loop import generate
-from spec.models import chat_ids
+from spec.models import chat_ids, load_pair
+from spec.warps import Sampling
 
 pytestmark = pytest.mark.real
 N = 48
@@ -45,3 +46,37 @@ def test_prompt_lookup_is_identical_and_finds_the_copied_text(real, cases):
     result = generate(real.target, make_drafter("lookup", real), ids, N, k=8, eos=real.eos)
     assert result.tokens == ref
     assert result.tokens_per_round > 2  # a rename copies its input: lookup must be finding it
+
+
+@pytest.fixture(scope="module")
+def real32():
+    """The real pair's bf16 weights computed in fp32: the arithmetic of the exactness claims without bf16's rounding
+    differences between a step's and a verify's matrix shapes."""
+    pair = load_pair("qwen-coder", device="cpu")
+    pair.target.model.float()
+    pair.draft.model.float()
+    return pair
+
+
+def test_logprobs_equal_plain_decodings_on_the_real_pair(real32):
+    ids = chat_ids(real32.tokenizer, load_prompts("code")[0]["prompt"])
+    plain = generate(real32.target, make_drafter("none", real32), ids, 8, k=0, logprobs=2, timing=False)
+    spec = generate(real32.target, make_drafter("draft", real32), ids, 8, k=4, logprobs=2, timing=False)
+    assert spec.tokens == plain.tokens and spec.accepted > 0
+    pairs = list(zip((x for r in plain.rounds for x in r.logprobs), (x for r in spec.rounds for x in r.logprobs)))
+    assert len(pairs) == 8
+    for (lp_a, top_a), (lp_b, top_b) in pairs:
+        # fp32 logits of the 1.5B agree to ~1e-6 across shapes (8.6e-7 measured on these tokens); 1e-3 leaves
+        # three orders of magnitude for another CPU's summation order, while a wrong row or a warped distribution
+        # moves a logprob by more than 0.1.
+        assert abs(lp_a - lp_b) <= 1e-3 and [t for t, _ in top_a] == [t for t, _ in top_b]
+
+
+def test_coupled_sampling_is_the_same_text_with_or_without_speculation(real32):
+    """Two seeds: coupled plain decoding and coupled speculation (K = 4, the draft model) write the same tokens."""
+    ids = chat_ids(real32.tokenizer, load_prompts("short")[0]["prompt"])
+    sampling = Sampling(0.8, top_p=0.95, presence_penalty=0.5, coupled=True)
+    for seed in (0, 1):
+        plain = generate(real32.target, make_drafter("none", real32), ids, 6, k=0, sampling=sampling, seed=seed)
+        spec = generate(real32.target, make_drafter("draft", real32), ids, 6, k=4, sampling=sampling, seed=seed)
+        assert spec.tokens == plain.tokens and spec.drafted > 0

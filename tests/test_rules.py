@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from spec.rules import Sampling, accept_or_fix, greedy_rule, warp
+from spec.rules import accept_or_fix, greedy_rule
+from spec.warps import Sampling, warp
 
 
 def logits_with_argmax(rows: list[int], vocab: int = 10) -> torch.Tensor:

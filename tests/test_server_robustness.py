@@ -85,7 +85,18 @@ CASES = {
     "n 2": (chat(n=2), 400),
     "n 0": (chat(n=0), 400),
     "seed too big": (chat(seed=2**64), 400),
-    "logprobs": (chat(logprobs=True), 400),
+    "top_logprobs over 20": (chat(logprobs=True, top_logprobs=21), 400),
+    "top_logprobs without logprobs": (chat(top_logprobs=2), 400),
+    "completion logprobs over 5": (completion(logprobs=6), 400),
+    # penalties, bias and min_p out of their ranges: refused, never clamped or ignored
+    "presence_penalty 1e9": (chat(presence_penalty=1e9), 400),
+    "frequency_penalty -3": (chat(frequency_penalty=-3), 400),
+    "repetition_penalty 0": (chat(repetition_penalty=0), 400),
+    "min_p 2": (chat(min_p=2), 400),
+    "logit_bias over 100": (chat(logit_bias={"5": 150}), 400),
+    "logit_bias key not an id": (chat(logit_bias={"abc": 1}), 400),
+    "logit_bias beyond the vocabulary": (chat(logit_bias={"100000": 1}), 400),
+    "stream_options without stream": (chat(stream_options={"include_usage": True}), 400),
     # stop strings
     "stop a number": (chat(stop=5), 400),
     "stop empty string": (chat(stop=""), 400),
@@ -102,6 +113,8 @@ CASES = {
     "prompt longer than context": (completion(prompt="a" * 500), 400),
     "chat longer than context": (chat(messages=[{"role": "user", "content": "a" * 500}]), 400),
     "echo": (completion(echo=True), 400),
+    "suffix": (completion(suffix="x"), 400),
+    "best_of 2": (completion(best_of=2), 400),
     # models: only the served name exists; nothing names a file or another model to load
     "unknown model": (chat(model="gpt-4o"), 404),
     "model path": (chat(model="../../../../etc/passwd"), 404),
@@ -140,6 +153,25 @@ def test_still_serving_after_the_corpus(server):
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
     counters = server.metrics()
     assert counters["spark:request_failure_total"] == 0
+
+
+UNSUPPORTED = {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "auto",
+               "response_format": {"type": "json_object"}, "functions": [{"name": "f"}], "audio": {"voice": "x"},
+               "modalities": ["text", "audio"], "parallel_tool_calls": True, "store": True, "reasoning_effort": "low"}
+
+
+@pytest.mark.parametrize("name", list(UNSUPPORTED))
+def test_a_parameter_the_server_cannot_honour_is_a_400_naming_it(server, name):
+    response = post(server, chat(**{name: UNSUPPORTED[name]}))
+    assert response.status_code == 400
+    error = envelope(response)
+    assert error["param"] == name and "not supported" in error["message"]
+
+
+def test_fields_outside_the_api_are_ignored_as_openai_does(server):
+    response = post(server, chat(max_tokens=2, temperature=0, some_extension_we_do_not_know=1, user="u1",
+                                 metadata={"team": "x"}))
+    assert response.status_code == 200
 
 
 def test_key_is_never_logged(server):

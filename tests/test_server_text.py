@@ -12,9 +12,9 @@ from spec.drafters import make_drafter
 from spec.loop import generate
 from spec.models import byte_tokenizer, load_pair
 from spec.policy import parse_k
-from spec.rules import Sampling
-from spec.serving.engine import Done, Engine, Job
+from spec.serving.engine import Delta, Done, Engine, Job
 from spec.serving.text import TextStream
+from spec.warps import Sampling
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +71,8 @@ def run_job(engine: Engine, prompt: list[int], max_tokens: int) -> tuple[str, Do
         parts = []
         while True:
             event = await asyncio.wait_for(job.events.get(), 120)
-            if isinstance(event, str):
-                parts.append(event)
+            if isinstance(event, Delta):
+                parts.append(event.text)
             else:
                 return "".join(parts), event
 

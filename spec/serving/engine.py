@@ -21,10 +21,10 @@ import torch
 from spec.drafters import make_drafter
 from spec.loop import speculate
 from spec.models import Pair
-from spec.rules import Sampling
 from spec.serving.metrics import Metrics
 from spec.serving.schemas import ApiError
-from spec.serving.text import TextStream
+from spec.serving.text import TextStream, TokenSpeller
+from spec.warps import Sampling
 
 logger = logging.getLogger("spark-spec.server")
 
@@ -42,9 +42,28 @@ class Done:
 
 
 @dataclass
+class TokenInfo:
+    """One generated token's logprobs: its text, bytes and log-probability under the target's raw distribution,
+    and the most likely alternatives as (text, bytes, log-probability)."""
+
+    text: str
+    bytes: list[int]
+    logprob: float
+    top: list[tuple[str, list[int], float]]
+
+
+@dataclass
+class Delta:
+    """New text for the client, and the logprobs of the tokens it came from (None unless asked for)."""
+
+    text: str
+    logprobs: list[TokenInfo] | None = None
+
+
+@dataclass
 class Job:
-    """One request on its way through the worker. Events (text deltas as str, then a Done or an ApiError) are posted
-    from the worker thread to `events`, which belongs to the request's event loop."""
+    """One request on its way through the worker. Events (Deltas, then a Done or an ApiError) are posted from the
+    worker thread to `events`, which belongs to the request's event loop."""
 
     prompt: list[int]
     max_tokens: int
@@ -54,11 +73,12 @@ class Job:
     ignore_eos: bool
     deadline: float  # time.monotonic() after which the request fails with a timeout
     loop: asyncio.AbstractEventLoop
+    logprobs: int | None = None  # alternatives per token to report, or None for no logprobs
     arrived: float = field(default_factory=time.monotonic)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)  # set when the client has gone
 
-    def post(self, event: str | Done | ApiError) -> None:
+    def post(self, event: Delta | Done | ApiError) -> None:
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the event loop has closed (shutdown): nobody is listening any more
@@ -113,6 +133,7 @@ class Engine:
 
     def start(self, pair: Pair) -> None:
         self.pair = pair
+        self.speller = TokenSpeller(pair.tokenizer)
         self.drafter = make_drafter(self.method, pair)
         self.thread = threading.Thread(target=self._work, name="spec-worker", daemon=True)
         self.thread.start()
@@ -168,19 +189,24 @@ class Engine:
             finally:
                 self.running = 0
 
+    def _token_info(self, token: int, logprob: float, top: list[tuple[int, float]]) -> TokenInfo:
+        return TokenInfo(*self.speller(token), logprob, [(*self.speller(t), lp) for t, lp in top])
+
     def _generate(self, job: Job) -> None:
         pair = self.pair
         generator = torch.Generator(device=pair.device)
         if job.seed is None:
-            generator.seed()  # nondeterministic, from the OS
+            seed = generator.seed()  # nondeterministic, from the OS; also keys a coupled request's noise
         else:
-            generator.manual_seed(job.seed)
+            seed = job.seed
+            generator.manual_seed(seed)
         text = TextStream(pair.tokenizer, job.stops)
         count = drafted = accepted = rounds_seen = 0
         finish = last_emit = None
         rounds = speculate(pair.target, self.drafter, job.prompt, job.max_tokens,
                            k=self.k_for(job.sampling), sampling=job.sampling,
-                           generator=generator, eos=() if job.ignore_eos else pair.eos,
+                           generator=generator, eos=() if job.ignore_eos else pair.eos, seed=seed,
+                           logprobs=job.logprobs,
                            timing=not isinstance(self.k, int))  # adaptive K learns from synced phase times
         try:
             for rnd in rounds:
@@ -197,11 +223,13 @@ class Engine:
                 last_emit = now
                 # One delta per round, as the round's tokens arrive together (a chunk may carry several tokens).
                 # Tokens go through the detokeniser one at a time so that a stop string ends the count exactly.
-                deltas = []
-                for token in rnd.tokens:
+                deltas, infos = [], None if rnd.logprobs is None else []
+                for i, token in enumerate(rnd.tokens):
                     count += 1
                     delta, stopped = text.push(token)
                     deltas.append(delta)
+                    if infos is not None:
+                        infos.append(self._token_info(token, *rnd.logprobs[i]))
                     if stopped:
                         finish = "stop"
                         break
@@ -209,8 +237,8 @@ class Engine:
                     delta, stopped = text.finish()
                     deltas.append(delta)
                     finish = "stop" if stopped else rnd.finish
-                if "".join(deltas):
-                    job.post("".join(deltas))
+                if "".join(deltas) or infos:
+                    job.post(Delta("".join(deltas), infos))
                 if finish:
                     break
                 if job.cancel.is_set():

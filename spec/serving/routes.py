@@ -17,16 +17,17 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from spec.models import Pair, chat_ids, dtype_name
-from spec.rules import Sampling
-from spec.serving.engine import Done, Engine, Job
+from spec.serving.engine import Delta, Done, Engine, Job, TokenInfo
 from spec.serving.schemas import (
     ApiError,
     ChatChoice,
     ChatCompletion,
+    ChatLogprobs,
     ChatMessageOut,
     ChatRequest,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     ErrorResponse,
     Health,
@@ -35,8 +36,11 @@ from spec.serving.schemas import (
     Params,
     ServedConfig,
     SpecStats,
+    TokenLogprob,
+    TopLogprob,
     Usage,
 )
+from spec.warps import Sampling
 
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 415, 429, 503, 504)}
 STREAMING = {**ERRORS, 200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
@@ -83,6 +87,7 @@ class Answer:
         self.created = int(time.time())
         self.model = s.model_name
         self.method = s.engine.method
+        self.offset = 0  # characters of completion text before the next token (completions' text_offset)
 
     def stats(self, done: Done) -> SpecStats:
         return SpecStats(method=self.method, drafted=done.drafted, accepted=done.accepted, rounds=done.rounds)
@@ -92,22 +97,42 @@ class Answer:
         return Usage(prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
                      total_tokens=done.prompt_tokens + done.completion_tokens)
 
-    def body(self, text: str, done: Done) -> dict:
+    def logprobs(self, infos: list[TokenInfo] | None) -> ChatLogprobs | CompletionLogprobs | None:
+        """The tokens' logprobs in the endpoint's shape (None when not asked for)."""
+        if infos is None:
+            return None
+        if self.chat:
+            return ChatLogprobs(content=[
+                TokenLogprob(token=i.text, logprob=i.logprob, bytes=i.bytes,
+                             top_logprobs=[TopLogprob(token=t, logprob=lp, bytes=b) for t, b, lp in i.top])
+                for i in infos])
+        offsets = []
+        for info in infos:
+            offsets.append(self.offset)
+            self.offset += len(info.text)
+        return CompletionLogprobs(tokens=[i.text for i in infos], token_logprobs=[i.logprob for i in infos],
+                                  top_logprobs=[{t: lp for t, _, lp in i.top} for i in infos], text_offset=offsets)
+
+    def body(self, text: str, done: Done, infos: list[TokenInfo] | None = None) -> dict:
         common = dict(id=self.id, created=self.created, model=self.model, usage=self.usage(done),
                       speculation=self.stats(done))
+        logprobs = self.logprobs(infos)
         if self.chat:
-            choice = ChatChoice(message=ChatMessageOut(content=text), finish_reason=done.finish)
+            choice = ChatChoice(message=ChatMessageOut(content=text), finish_reason=done.finish, logprobs=logprobs)
             return ChatCompletion(choices=[choice], **common).model_dump()
-        return Completion(choices=[CompletionChoice(text=text, finish_reason=done.finish)], **common).model_dump()
+        choice = CompletionChoice(text=text, finish_reason=done.finish, logprobs=logprobs)
+        return Completion(choices=[choice], **common).model_dump()
 
     def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
-              usage: bool = False) -> dict:
+              usage: bool = False, infos: list[TokenInfo] | None = None) -> dict:
         """A streamed chunk; `usage` = the stream asked for usage, so every chunk carries the field (null)."""
+        logprobs = self.logprobs(infos)
+        logprobs = None if logprobs is None else logprobs.model_dump()
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         else:
-            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
         head = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [choice]}
         return {**head, "usage": None} if usage else head
@@ -130,9 +155,16 @@ def make_job(s: Served, prompt: list[int], req: Params) -> Job:
     if room < 1 or (wanted is not None and wanted > room):
         raise ApiError(400, f"the prompt ({len(prompt)} tokens) plus max_tokens ({wanted or 1}) exceeds the "
                        f"context of {context} tokens", param="max_tokens", code="context_length_exceeded")
-    return Job(prompt=prompt, max_tokens=wanted or room, sampling=Sampling(req.temperature, req.top_k, req.top_p),
-               seed=req.seed, stops=req.stops(), ignore_eos=req.ignore_eos,
-               deadline=time.monotonic() + s.engine.request_timeout, loop=asyncio.get_running_loop())
+    bias = req.bias()
+    if bias and bias[-1][0] >= pair.target.vocab:
+        raise ApiError(400, f"logit_bias: token id {bias[-1][0]} is outside the vocabulary "
+                       f"(0..{pair.target.vocab - 1})", param="logit_bias", code="invalid_value")
+    sampling = Sampling(req.temperature, req.top_k, req.top_p, min_p=req.min_p, presence_penalty=req.presence_penalty,
+                        frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
+                        logit_bias=bias, coupled=req.coupled)
+    return Job(prompt=prompt, max_tokens=wanted or room, sampling=sampling, seed=req.seed, stops=req.stops(),
+               ignore_eos=req.ignore_eos, deadline=time.monotonic() + s.engine.request_timeout,
+               loop=asyncio.get_running_loop(), logprobs=req.logprob_count())
 
 
 async def respond(request: Request, s: Served, req: Params, prompt: list[int], chat: bool):
@@ -143,7 +175,7 @@ async def respond(request: Request, s: Served, req: Params, prompt: list[int], c
         usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(stream(job, request.receive, answer, usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    parts, done = [], None
+    parts, infos, done = [], None if job.logprobs is None else [], None
     async with contextlib.aclosing(events_of(job, request.receive)) as events:
         async for event in events:
             if isinstance(event, ApiError):
@@ -151,10 +183,12 @@ async def respond(request: Request, s: Served, req: Params, prompt: list[int], c
             if isinstance(event, Done):
                 done = event
             else:
-                parts.append(event)
+                parts.append(event.text)
+                if infos is not None:
+                    infos.extend(event.logprobs or [])
     if done is None:  # the client has gone: nobody reads this answer
         return JSONResponse({}, status_code=499)
-    return JSONResponse(answer.body("".join(parts), done))
+    return JSONResponse(answer.body("".join(parts), done, infos))
 
 
 async def stream(job: Job, receive, answer: Answer, usage: bool):
@@ -170,7 +204,7 @@ async def stream(job: Job, receive, answer: Answer, usage: bool):
                 for chunk in answer.final_chunks(event, usage):
                     yield sse(chunk)
             else:
-                yield sse(answer.chunk(text=event, usage=usage))
+                yield sse(answer.chunk(text=event.text, usage=usage, infos=event.logprobs))
     yield sse("[DONE]")
 
 
@@ -191,7 +225,7 @@ async def events_of(job: Job, receive):
                 return
             event = nxt.result()
             yield event
-            if not isinstance(event, str):
+            if not isinstance(event, Delta):
                 return
     finally:
         gone.cancel()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from spec.remap import byte_level_table, is_byte_level
+
 
 class TextStream:
     """Turns generated token ids, one at a time, into text deltas.
@@ -54,3 +56,24 @@ class TextStream:
             keep = max(self.sent, keep - hold)
         delta, self.sent = self.text[self.sent : keep], keep
         return delta, False
+
+
+class TokenSpeller:
+    """Token ids as OpenAI's logprobs spell them: (text, UTF-8 bytes). A byte-level token may hold part of a
+    character; its text then shows U+FFFD and its bytes are exact."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.table = byte_level_table() if is_byte_level(tokenizer) else None
+        self.cache: dict[int, tuple[str, list[int]]] = {}
+
+    def __call__(self, token: int) -> tuple[str, list[int]]:
+        if token not in self.cache:
+            text = self.tokenizer.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            piece = self.tokenizer.convert_ids_to_tokens(token)
+            if self.table is not None and piece is not None and all(c in self.table for c in piece):
+                raw = bytes(self.table[c] for c in piece)
+            else:
+                raw = text.encode()
+            self.cache[token] = (text, list(raw))
+        return self.cache[token]
