@@ -21,6 +21,7 @@ with speculation or without, for any drafter and any K.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -88,10 +89,10 @@ def adjust(logits: torch.Tensor, sampling: Sampling, counts: torch.Tensor | None
         return logits
     logits = logits.float()
     if sampling.logit_bias:
-        ids = torch.tensor([t for t, _ in sampling.logit_bias], dtype=torch.long, device=logits.device)
-        bias = torch.tensor([b for _, b in sampling.logit_bias], dtype=logits.dtype, device=logits.device)
-        if int(ids.max()) >= logits.shape[-1]:
-            raise ValueError(f"logit_bias names token {int(ids.max())}, outside the vocabulary of {logits.shape[-1]}")
+        top = max(t for t, _ in sampling.logit_bias)
+        if top >= logits.shape[-1]:
+            raise ValueError(f"logit_bias names token {top}, outside the vocabulary of {logits.shape[-1]}")
+        ids, bias = _bias_tensors(sampling.logit_bias, logits.device)
         logits = logits.index_add(-1, ids, bias.expand(*logits.shape[:-1], -1))
     if counts is None or seen is None:
         if sampling.presence_penalty or sampling.frequency_penalty or sampling.repetition_penalty != 1:
@@ -105,6 +106,13 @@ def adjust(logits: torch.Tensor, sampling: Sampling, counts: torch.Tensor | None
     if sampling.presence_penalty:
         logits = logits - sampling.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
+
+
+@functools.lru_cache(maxsize=64)
+def _bias_tensors(logit_bias: tuple[tuple[int, float], ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, biases) on the device, made once per request's bias rather than at every row of every round."""
+    ids = torch.tensor([t for t, _ in logit_bias], dtype=torch.long, device=device)
+    return ids, torch.tensor([b for _, b in logit_bias], dtype=torch.float32, device=device)
 
 
 def warp(logits: torch.Tensor, sampling: Sampling, counts: torch.Tensor | None = None,

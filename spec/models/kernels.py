@@ -205,11 +205,22 @@ def tuned_path(device_name: str) -> Path:
     return cache_root() / "kernels" / (re.sub(r"[^A-Za-z0-9._-]+", "_", device_name) + ".json")
 
 
+# Tiles for shapes the table lacks: the 8B's tuned ones. A tile's weights sit in registers (rows x columns x products
+# per program), so a rule that grew the rows with N spilled: 32 x 512 x 2 for the 1.5B Qwen's gate/up took 16 ms a
+# step against 1.6 for two tokens. The 2-16-token q/k/v product spans every head's rows: the tuned 8B tile (32 rows
+# took 47 µs, not 17).
+DEFAULT_TILES: dict[str, tuple[int, ...]] = {
+    "silu_mul": (8, 128, 4), "add": (8, 512, 8), "logits": (16, 256, 4),
+    "silu_mul_rows": (128, 64, 4, 4), "logits_rows": (128, 64, 4, 4), "qkv_rows": (64, 256, 4, 4),
+    "add_rows": (32, 256, 2, 6), "raw_rows": (32, 256, 2, 6),
+}
+
+
 def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
                 tokens: int = 1) -> tuple[int, ...]:
     """The tiles for a product of n rows and k columns over `tokens` tokens: the tuned entry for this GPU if there
-    is one, else a rule that gives each multiprocessor a few programs. One token: (rows per program, columns per
-    iteration, warps); 2-16 tokens (kind + "_rows"): the same and the software-pipelining depth."""
+    is one, else a default per kind. One token: (rows per program, columns per iteration, warps); 2-16 tokens
+    (kind + "_rows"): the same and the software-pipelining depth."""
     if tokens > 1:
         kind += "_rows"
     if device is not None and device.type == "cuda":
@@ -218,18 +229,9 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
             return tuned
     if kind == "qkv":
         return min(8, _pow2(n)), 256, 4
-    # One token: the tiles tuned for the 8B. A tile's weights sit in registers (rows x columns x products per
-    # program), so a rule that grows the rows with N spills: 32 x 512 x 2 for the 1.5B Qwen's gate/up took 16 ms a
-    # step against 1.6 for two tokens.
-    if kind in ("silu_mul", "add", "logits"):
-        return {"silu_mul": (8, 128, 4), "add": (8, 512, 8), "logits": (16, 256, 4)}[kind]
-    if kind in ("silu_mul_rows", "logits_rows"):
-        return 128, 64, 4, 4
-    if kind == "qkv_rows":  # (its product spans every head's rows: the tuned 8B tile; 32 rows took 47 µs, not 17)
-        return 64, 256, 4, 4
-    if kind.endswith("_rows"):
-        return 32, 256, 2, 6
-    return min(32, max(4, _pow2(n // 512))), 512, 4
+    if kind not in DEFAULT_TILES:
+        raise ValueError(f"no tiles for a {kind!r} product")
+    return DEFAULT_TILES[kind]
 
 
 def _launch(kernel, grid, config: tuple[int, ...], pdl: bool, *args, **constexprs) -> None:
