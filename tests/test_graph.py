@@ -52,6 +52,52 @@ def test_static_cache_matches_eager_after_rollbacks(pair):
     assert torch.allclose(eager.forward(prompt[:7], keep=2), static.forward(prompt[:7], keep=2), rtol=0, atol=1e-3)
 
 
+class _ReplayedStep:
+    """A stand-in for a captured CUDA graph of `GraphModel._step` on a CPU: replay runs the step on the static ids
+    into the static logits, as the graph would."""
+
+    def __init__(self, model, n: int, span: torch.Tensor):
+        self.model, self.span = model, span.shape[0]
+        self.ids = torch.zeros(n, dtype=torch.long)
+        self.logits = torch.empty(n, model.vocab)
+
+    def replay(self):
+        self.logits.copy_(self.model._step(self.ids, self.span))
+
+
+@pytest.mark.parametrize("graphed", [False, True])
+def test_prompts_run_in_chunks_at_the_right_positions(pair, graphed):
+    """A prompt longer than the prepared graphs runs in chunks (of 16 through the fused kernels on a GPU): every
+    chunk at its own positions, the requested rows returned, the length advanced; with graphs, every chunk replays
+    the full chunk's graph, the last one padded with stale ids whose cache entries the next forward overwrites.
+    Here `_step` is the layer stack (no Triton on a CPU), so chunked and whole forwards differ only in the products'
+    shapes."""
+    whole = GraphModel(pair.target.model, pair.target.vocab, max_length=2 * SPAN_STEP + 40, graphs=False)
+    chunked = GraphModel(pair.target.model, pair.target.vocab, max_length=2 * SPAN_STEP + 40, graphs=False)
+    chunked.fused_tokens = chunked.prefill_chunk = 16
+    chunked._step = lambda ids, span: chunked._head(chunked._run_body(ids, chunked.spans[span]))
+    replays = []
+    if graphed:
+        chunked.graphs = True
+        graphs = {}
+
+        def graph(n, span):
+            replays.append(n)
+            graph = graphs.setdefault((n, span.shape[0]), _ReplayedStep(chunked, n, span))
+            return graph, graph.ids, graph.logits
+
+        chunked._graph = graph
+    prompt = torch.randint(0, whole.vocab, (SPAN_STEP + 10,), generator=torch.Generator().manual_seed(6))
+    # float32: 2 eps32 S sum sqrt(n_i) (S = 51, as above) at T = 266: 1.2e-3; the chunks cross a span boundary
+    for keep in (None, 1, 20, 17):
+        whole.reset(), chunked.reset()
+        expected, got = whole.forward(prompt, keep=keep), chunked.forward(prompt, keep=keep)
+        assert got.shape == expected.shape and chunked.length == whole.length == len(prompt)
+        assert torch.allclose(got, expected, rtol=0, atol=1.2e-3), keep
+    assert replays == ([16] * 17 * 4 if graphed else [])  # 266 tokens: 16 full chunks and one padded
+    assert random_walk(whole, chunked, 20, seed=3, max_new=40) < 1.4e-3  # and the cache it left is the same text
+
+
 def test_stale_entries_after_rollback_are_invisible(pair):
     """Two texts that share a prefix leave different entries after it; once rolled back to the prefix, the next
     forward cannot tell them apart. (Same shapes in both, so no matrix-product blocking differs.)"""

@@ -120,9 +120,10 @@ def small_model(arch: str, dtype: torch.dtype, device: str = "cuda"):
 @cuda
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_fused_step_matches_layer_stack(arch):
-    """The fused kernels against the layer stack they replace, through forwards and rollbacks (one token a forward,
-    then 1-17: every size the fused kernels take, and 17, which goes to the stack between them): within fp32
-    rounding in fp32, and in bf16 within twice the layer stack's own error against the eager backend."""
+    """The fused kernels against the layer stack they replace: the prompt's logits at every position (250 tokens,
+    which the fused model runs as graphs of 16-token chunks, the last one padded), then forwards and rollbacks (one
+    token a forward, then 1-17: every size the fused kernels take, and 17, a prompt-like forward in two chunks): within
+    fp32 rounding in fp32, and in bf16 within twice the layer stack's own error against the eager backend."""
     from spec.models import kernels
 
     if not kernels.available():
@@ -138,10 +139,9 @@ def test_fused_step_matches_layer_stack(arch):
         prompt = torch.randint(0, fused.vocab, (SPAN_STEP - 6,), generator=torch.Generator().manual_seed(7)).cuda()
 
         def walk(a, b, max_new: int, prompt=prompt) -> float:
-            for m in (a, b):
-                m.reset()
-                m.forward(prompt)
-            return random_walk(a, b, 40, seed=8, max_new=max_new)
+            a.reset(), b.reset()
+            first = (a.forward(prompt) - b.forward(prompt)).abs().max().item()
+            return max(first, random_walk(a, b, 40, seed=8, max_new=max_new))
 
         for max_new in (1, 17):
             error = walk(fused, stack, max_new)
@@ -250,6 +250,57 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
             assert stages * bn * block_k * 2 * (2 if kind == "silu_mul" else 1) <= 160 * 1024
 
 
+class _Kernel:
+    """A stand-in for a Triton kernel: records launches and warm-ups (compilations without a launch)."""
+
+    def __init__(self):
+        self.launched, self.warmed = [], []
+
+    def __getitem__(self, grid):
+        return lambda *args, **options: self.launched.append((grid, args, options))
+
+    def warmup(self, *args, grid, **options):
+        self.warmed.append((grid, args, options))
+
+
+def test_compiling_ahead_compiles_on_a_pool_and_launches_nothing(monkeypatch):
+    """Inside `compiling_ahead` every wrapper's kernel is only handed to Triton's AsyncCompileMode (a warm-up, with
+    the launch's own arguments and options), outside it is launched; without AsyncCompileMode nothing changes."""
+    import types
+    from concurrent.futures import ThreadPoolExecutor
+
+    from spec.models import kernels
+
+    modes = []
+
+    class Mode:
+        def __init__(self, executor):
+            assert isinstance(executor, ThreadPoolExecutor)
+            modes.append("made")
+
+        def __enter__(self):
+            modes.append("entered")
+
+        def __exit__(self, *exc):
+            modes.append("waited")  # the real one waits here for every compilation it started
+
+    kernel = _Kernel()
+    monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace(AsyncCompileMode=Mode))
+    with kernels.compiling_ahead(workers=2) as ahead:
+        assert ahead
+        kernels._launch(kernel, (3,), (8, 256, 4, 2), True, "x", 7, NORM=True)
+    assert modes == ["made", "entered", "waited"] and not kernel.launched
+    options = {"NORM": True, "PDL": True, "num_warps": 4, "launch_pdl": True, "num_stages": 2}
+    assert kernel.warmed == [((3,), ("x", 7), options)]
+    kernels._launch(kernel, (3,), (8, 256, 4, 2), True, "x", 7, NORM=True)
+    assert kernel.launched == kernel.warmed
+    monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace())  # Triton < 3.4
+    with kernels.compiling_ahead() as ahead:
+        assert not ahead
+        kernels._launch(kernel, (3,), (8, 256, 4), False, "x")
+    assert len(kernel.launched) == 2 and len(kernel.warmed) == 1
+
+
 def test_bench_engine_refuses_fused_verify_kernels_without_cuda(capsys):
     """`--backends graph-stack` runs Triton kernels; on a CPU it stops with a reason, not inside Triton."""
     from spec import bench_engine
@@ -261,7 +312,7 @@ def test_bench_engine_refuses_fused_verify_kernels_without_cuda(capsys):
 
 
 @cuda
-def test_the_fused_backend_compiles_nothing_and_prepares_its_graphs_ahead():
+def test_the_fused_backend_compiles_nothing_and_prepares_its_graphs_ahead(monkeypatch):
     """With the fused kernels the layer stack (prefills only) is not compiled and not graphed, and after
     `prepare` a whole speculative generation captures no new graph: nothing is captured while it is timed."""
     from spec.models import kernels
@@ -271,9 +322,21 @@ def test_the_fused_backend_compiles_nothing_and_prepares_its_graphs_ahead():
     target = GraphModel(small_model("llama", torch.bfloat16), max_length=600)
     draft = GraphModel(small_model("llama", torch.bfloat16), max_length=600)
     assert target.fused_step and not target.compiled and target.graph_tokens == kernels.MAX_FUSED_TOKENS
+    ahead = []
+    real_run = kernels._run
+
+    def run(kernel, grid, *args, **options):
+        ahead.append(kernels._AHEAD.get())
+        real_run(kernel, grid, *args, **options)
+
+    monkeypatch.setattr(kernels, "_run", run)
     target.prepare(5, 300)
     draft.prepare(2, 300)
-    assert {n for n, _ in target._graphs} == {1, 2, 3, 4, 5} and {s for _, s in target._graphs} == {256, 512}
+    # graphs of 1-5 tokens and of a prompt's 16-token chunk, at both spans; their kernels compiled in a dry run
+    assert {n for n, _ in target._graphs} == {1, 2, 3, 4, 5, 16} and {s for _, s in target._graphs} == {256, 512}
+    import triton
+
+    assert (True in ahead) == hasattr(triton, "AsyncCompileMode") and ahead[-1] is False
     before = (set(target._graphs), set(draft._graphs))
     prompt = torch.randint(0, target.vocab, (100,), generator=torch.Generator().manual_seed(3)).tolist()
     result = generate(target, ModelDrafter(draft), prompt, 60, k=4)

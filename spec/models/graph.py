@@ -8,7 +8,7 @@ an H200, against a 3.75 ms memory roofline; docs/gpu.md). `GraphModel` removes t
   and overwritten by the next forward);
 - a forward over n <= `MAX_GRAPH_TOKENS` tokens replays a CUDA graph captured lazily for (n, span), where span is
   the cache prefix attention reads (`SPAN_STEP` granularity), so attention costs grow with the text, not with
-  `max_length`; longer forwards (the prompt) run the same code without a graph;
+  `max_length`; with the fused kernels, longer forwards (the prompt) replay a 16-token chunk's graph per chunk;
 - the layer stack is optionally `torch.compile`d (fused norms, rope and activations) with the token count and span
   as dynamic sizes: two compilations per model (n = 1 and n >= 2), not one per shape;
 - nothing in `forward` waits for the device: ids go in by asynchronous copies, the position by a fill kernel.
@@ -155,8 +155,9 @@ class GraphModel:
         # The one-token step (draft steps, plain decoding) and forwards of up to `fused_tokens` tokens (verifies,
         # a draft's catch-up; at most kernels.MAX_FUSED_TOKENS, the default) as five fused kernels a layer
         # (spec/kernels.py) wherever the split kernel runs and the layers are the plain Llama/Qwen2 ones. Longer
-        # forwards (prefills of more than that) keep the layer stack below; `fused_tokens=1` sends verifies there
-        # too (measured beside the default by `--backends graph-stack` in spec.bench_engine).
+        # forwards (prefills) run through the same kernels in chunks of `fused_tokens`; `fused_tokens=1` sends
+        # verifies and prefills to the layer stack below (measured beside the default by `--backends graph-stack`
+        # in spec.bench_engine).
         if fused_step is None:
             fused_step = split_attention and fused_step_reason(model) is None
         elif fused_step and fused_step_reason(model):
@@ -168,6 +169,8 @@ class GraphModel:
             raise ValueError(f"fused_tokens must be 0-{kernels.MAX_FUSED_TOKENS} (and 0 without the fused step), "
                              f"got {fused_tokens}")
         self.fused_tokens = fused_tokens
+        # Prompts go through the fused kernels in chunks of this many tokens (0: through the layer stack).
+        self.prefill_chunk = fused_tokens if fused_tokens > 1 else 0
         # Programmatic dependent launch for the Triton kernels, where the GPU has it (Hopper and later).
         self.pdl = pdl and kernels.pdl_supported(self.device)
         # The layer stack is compiled only where it runs the decode path (no fused step): with the fused kernels it
@@ -180,6 +183,7 @@ class GraphModel:
         self.graph_tokens = self.fused_tokens if self.fused_tokens and not compile else MAX_GRAPH_TOKENS
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self.prepared = 0  # forwards of up to this many tokens were captured by `prepare` (0: capture on demand)
 
     # ---- the layer stack -----------------------------------------------------------------------------------
 
@@ -313,28 +317,71 @@ class GraphModel:
                              f"{self.max_length} (pass a larger max_length)")
         span = self._span(self.length + n)
         self.pos.fill_(self.length)
-        if self.graphs and n <= self.graph_tokens:
+        # After `prepare`, only the forwards it captured replay graphs: a prompt's length would cost a capture.
+        if self.graphs and n <= (self.prepared or self.graph_tokens):
             graph, static_ids, logits = self._graph(n, span)
             static_ids.copy_(ids)
             graph.replay()
             out = logits[n - keep :].clone()  # the next replay overwrites `logits`
+        elif self.prefill_chunk:
+            return self._prefill(ids, keep)
         else:
             out = self._logits(ids, span, keep)
         self.length += n
         return out
 
+    def _prefill(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+        """A forward longer than the prepared graphs (a prompt), as chunks of `prefill_chunk` tokens through the
+        fused kernels: each chunk replays the graph of a full chunk (the last one padded: the padding's cache
+        entries lie after the text, so they are masked out and overwritten like any stale entry), or runs
+        without a graph where the padding would overrun the cache. On an H200 a 64-token prompt of the 1.5B Qwen
+        took 70-100 ms through the uncompiled layer stack and 41 ms as eager chunks (each kernel launch waits on
+        Python); a 16-token forward's graph replayed in 1.73 ms there (verify_cost), so ~7 ms for the four chunks."""
+        first = ids.shape[0] - keep  # the first position whose logits are returned
+        out = []
+        for start in range(0, ids.shape[0], self.prefill_chunk):
+            chunk = ids[start : start + self.prefill_chunk]
+            n = chunk.shape[0]
+            self.pos.fill_(self.length)
+            padded = self.length + self.prefill_chunk
+            if self.graphs and padded <= self.k_cache[0].shape[1]:
+                graph, static_ids, logits = self._graph(self.prefill_chunk, self._span(padded))
+                static_ids[:n].copy_(chunk)  # the rest keeps earlier (valid) ids: the padding
+                graph.replay()
+                logits = logits[:n]
+            else:
+                logits = self._step(chunk, self._span(self.length + n).shape[0])
+            if start + n > first:
+                out.append(logits[max(0, first - start) :].clone())  # the next replay overwrites `logits`
+            self.length += n
+        return torch.cat(out)
+
     def prepare(self, tokens: int, context: int) -> None:
-        """Capture now the graphs of forwards of 1..`tokens` new tokens at every span a text of up to `context`
-        positions reaches, so that no capture happens while a generation is timed or served. Leaves the cache
-        reset (the captures write scratch entries at position 0)."""
+        """Capture now the graphs of forwards of 1..`tokens` new tokens, and of a prompt's chunk, at every span a
+        text of up to `context` positions reaches, so that no capture happens while a generation is timed or
+        served. Leaves the cache reset (the captures write scratch entries at position 0)."""
         if not self.graphs:
             return
         top = min(context, self.max_length)
+        shapes = []
         for end in range(SPAN_STEP, top + SPAN_STEP, SPAN_STEP):
             span = self._span(min(end, top))
-            for n in range(1, min(tokens, self.graph_tokens, span.shape[0]) + 1):
-                self.pos.fill_(0)
-                self._graph(n, span)
+            sizes = range(1, min(tokens, self.graph_tokens, span.shape[0]) + 1)
+            if self.prefill_chunk and self.prefill_chunk <= span.shape[0]:  # a prompt's chunks
+                sizes = sorted({*sizes, self.prefill_chunk})
+            shapes += [(n, span) for n in sizes]
+        if self.fused_tokens and not self.compiled:
+            # The captures' kernel variants (~40 a model, a few per product shape and per span), compiled all at
+            # once on a thread pool instead of one after another as the captures reach them: the cold start's
+            # largest cost (41-43 s of a pair's prepare on an H200, where it then took ~2 s with a warm cache).
+            with kernels.compiling_ahead() as ahead:
+                for n, span in shapes if ahead else ():
+                    self.pos.fill_(0)
+                    self._logits(torch.zeros(n, dtype=torch.long, device=self.device), span)
+        for n, span in shapes:
+            self.pos.fill_(0)
+            self._graph(n, span)
+        self.prepared = max(self.prepared, min(tokens, self.graph_tokens))
         self.reset()
 
     def rollback(self, length: int) -> None:

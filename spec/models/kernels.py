@@ -24,9 +24,13 @@ is not used. The import of Triton is deferred to first use; nothing here runs wi
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import json
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -84,6 +88,40 @@ def _triton():
     return triton_kernels
 
 
+_AHEAD: contextvars.ContextVar[bool] = contextvars.ContextVar("spark_spec_compiling_ahead", default=False)
+
+
+def _run(kernel, grid, *args, **options) -> None:
+    """Launch a Triton kernel; inside `compiling_ahead`, only start compiling the variant these arguments need."""
+    if _AHEAD.get():
+        kernel.warmup(*args, grid=grid, **options)
+    else:
+        kernel[grid](*args, **options)
+
+
+@contextlib.contextmanager
+def compiling_ahead(workers: int | None = None):
+    """A dry run: inside the block the wrappers below launch nothing (their outputs stay unwritten) and each
+    kernel variant they would launch compiles on a pool of `workers` threads, all at once (Triton's
+    AsyncCompileMode); leaving the block waits for the compilations. Run once over every shape a model will launch,
+    it turns a cold start's compilations, one after another, into one parallel batch (Triton's compiler releases
+    the GIL in its passes and runs ptxas as a subprocess). Yields False, and changes nothing, where Triton lacks
+    AsyncCompileMode (before 3.4) or is missing."""
+    try:
+        import triton
+
+        mode = triton.AsyncCompileMode
+    except (ImportError, AttributeError):
+        yield False
+        return
+    with ThreadPoolExecutor(workers or min(16, os.cpu_count() or 1)) as pool, mode(pool):
+        token = _AHEAD.set(True)
+        try:
+            yield True
+        finally:
+            _AHEAD.reset(token)
+
+
 # The most partial sums (rows x chunks x head size) the one-pass combine takes: its last program reads them alone,
 # while the second kernel spreads them over a program per row. It pays where the rows are few (a one-token step, a
 # short catch-up): on an H200 at a 512-token span it saves about 20 µs of a 1B step (4096 sums a head) and costs
@@ -126,13 +164,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     l = torch.empty_like(m)
     out = torch.empty_like(q)
     tk = _triton()
-    tk.attention_partial[(heads, splits)](q, k_cache, v_cache, pos, o, m, l, out, _arrivals(q.device, heads), rows_n,
-                                          n_tokens, scale, q.stride(0), k_cache.stride(0), splits, D=dim, ROWS=rows,
-                                          CHUNK=chunk, SPLITS=width, ONE_PASS=one_pass, PDL=pdl,
-                                          PRECISION=_precision(q), num_warps=4, num_stages=2, launch_pdl=pdl)
+    _run(tk.attention_partial, (heads, splits), q, k_cache, v_cache, pos, o, m, l, out, _arrivals(q.device, heads),
+         rows_n, n_tokens, scale, q.stride(0), k_cache.stride(0), splits, D=dim, ROWS=rows, CHUNK=chunk, SPLITS=width,
+         ONE_PASS=one_pass, PDL=pdl, PRECISION=_precision(q), num_warps=4, num_stages=2, launch_pdl=pdl)
     if not one_pass:
-        tk.attention_combine[(heads, rows_n)](o, m, l, out, rows_n, splits, D=dim, ROWS=rows, SPLITS=width, PDL=pdl,
-                                              num_warps=4, launch_pdl=pdl)
+        _run(tk.attention_combine, (heads, rows_n), o, m, l, out, rows_n, splits, D=dim, ROWS=rows, SPLITS=width,
+             PDL=pdl, num_warps=4, launch_pdl=pdl)
     return out
 
 
@@ -237,7 +274,7 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
 def _launch(kernel, grid, config: tuple[int, ...], pdl: bool, *args, **constexprs) -> None:
     """Launch with a config's warps (and pipelining depth, for the 2-16-token kernels) and PDL where it runs."""
     stages = {"num_stages": config[3]} if len(config) > 3 else {}
-    kernel[grid](*args, **constexprs, PDL=pdl, num_warps=config[2], launch_pdl=pdl, **stages)
+    _run(kernel, grid, *args, **constexprs, PDL=pdl, num_warps=config[2], launch_pdl=pdl, **stages)
 
 
 def _precision(x: torch.Tensor) -> str:
