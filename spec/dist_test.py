@@ -123,8 +123,9 @@ def rule_checks(case: str, p: torch.Tensor, q: torch.Tensor, variants: Sequence[
     draws are positions in the support of p and q, not token ids."""
     # Columns where p = q = 0 can be drawn by no variant (nor proposed); dropping them changes no law, and turns
     # a top-p-warped real row of ~150k columns into a few hundred, so 10^5 rounds take seconds, not an hour.
+    # The rule then runs on the CPU, where the seeded generator lives (a CUDA row would need a CUDA generator).
     support = (p > 0) | (q > 0)
-    p, q = p[support], q[support]
+    p, q = p[support].cpu(), q[support].cpu()
     p32, q32 = p.float(), q.float()
     probs = p.double().cpu().numpy()
     checks = []

@@ -89,6 +89,15 @@ def test_rule_on_toy_rows_correct_passes_every_bug_fails():
     assert all(c.power >= dt.POWER_GOAL for c in checks if c.expect == "fail")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_rule_checks_take_rows_on_the_gpu():
+    # The real rows come from models on the GPU; the seeded generator is a CPU one (it once crashed here).
+    p, q = toy()
+    on_cpu = dt.rule_checks("toy", p, q, ["resample-p"], 2000, SEED)
+    on_gpu = dt.rule_checks("toy", p.cuda(), q.cuda(), ["resample-p"], 2000, SEED)
+    assert [c.chi2 for c in on_gpu] == [c.chi2 for c in on_cpu]
+
+
 def test_rule_on_rows_of_the_tiny_pair(tiny):
     """Rows of two different models (259 tokens): the same verdicts as on the toy rows."""
     ids = tiny.tokenizer(dt.LOOP_PROMPT).input_ids
