@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> dict:
     results = Results("start_time")
     caches = Path(tempfile.mkdtemp(prefix="spark-spec-start-"))
     env = {**os.environ, "TRITON_CACHE_DIR": str(caches / "triton"),
-           "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "PYTHONPATH": str(ROOT)}
+           "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     passed = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--server"]
     rows = []
     for cache in ("cold", "warm"):
