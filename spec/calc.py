@@ -55,6 +55,68 @@ def speedup(alpha: float, k: int, c: float, verify: Verify = 1.0) -> float:
     return expected_tokens(alpha, k) / round_cost(k, c, verify)
 
 
+# ---- Greedy: tokens per round from where the draft disagrees ------------------------------------------------
+#
+# Under greedy decoding acceptance is not a coin flip: whether the draft's guess for a position equals the target's
+# token depends only on the text before it (a draft proposes position j of a round only if it got every earlier
+# one right, so its context is the true text). One run therefore reveals, position by position, where the draft
+# agrees, and replaying those positions with another K gives that K's rounds exactly: the formula's independent
+# alpha is the special case of agreements scattered at random, while real text clusters them (boilerplate accepts
+# whole runs, hard stretches reject early).
+
+
+def agreement(rounds, length: int | None = None) -> list[bool | None]:
+    """Per position of a greedy generation, whether the draft agreed with the target there, from one run's rounds
+    [(drafted, accepted), ...]: a round shows `accepted` agreements, then a disagreement if it rejected one; its
+    last token (the fix, or the bonus after a full acceptance, which no draft proposed) is None when unobserved."""
+    out: list[bool | None] = []
+    for drafted, accepted in rounds:
+        out += [True] * accepted + [False if accepted < drafted else None]
+    return out[:length] if length is not None else out
+
+
+def merge_agreement(runs: list[list[bool | None]]) -> list[bool | None]:
+    """Several runs' views of one text (other Ks observe other positions): each position's observed value."""
+    merged: list[bool | None] = [None] * max(map(len, runs), default=0)
+    for run in runs:
+        for i, seen in enumerate(run):
+            if merged[i] is None:
+                merged[i] = seen
+    return merged
+
+
+def replayed_rounds(agree: list[bool | None], k: int, alpha: float, fills: int = 32, seed: int = 0) -> float:
+    """Rounds K drafts a round would take over the text of `agree` (its length in tokens): each round accepts the
+    run of agreements from its start, at most K (and no more than the tokens left), and emits one token more.
+    Unobserved positions are filled by draws at `alpha`, averaged over `fills` seeded fillings (exact if none)."""
+    import random
+
+    rng = random.Random(seed)
+    unknown = [i for i, a in enumerate(agree) if a is None]
+    total = 0
+    for _ in range(fills if unknown else 1):
+        filled = [rng.random() < alpha if a is None else a for a in agree]
+        start, rounds = 0, 0
+        while start < len(filled):
+            run = 0
+            while run < k and start + run < len(filled) - 1 and filled[start + run]:
+                run += 1
+            start, rounds = start + run + 1, rounds + 1
+        total += rounds
+    return total / (fills if unknown else 1)
+
+
+def replayed_tokens_per_round(texts, k: int, alpha: float) -> float:
+    """Tokens per round at K over several texts, each given as its runs [(tokens, rounds), ...] (other Ks' runs of
+    the same greedy text, which observe other positions): agreements merged, then replayed with K drafts a round."""
+    tokens = rounds = 0
+    for runs in texts:
+        length = max(n for n, _ in runs)
+        agree = merge_agreement([agreement(counts, length) for _, counts in runs])
+        tokens, rounds = tokens + length, rounds + replayed_rounds(agree, k, alpha)
+    return tokens / rounds if rounds else float("nan")
+
+
 def best_k(alpha: float, c: float, max_k: int, verify: Verify = 1.0, ks=None) -> tuple[int, float]:
     """The K in 0..max_k (or in `ks`, plus 0) with the highest predicted speedup; ties go to the smaller K."""
     candidates = sorted({0, *(ks if ks is not None else range(1, max_k + 1))})

@@ -12,7 +12,8 @@ One run, on one prompt set, with the same loop and the same token counter for ev
 From the rows: alpha-hat (drafts accepted / drafts judged), c (seconds per draft step / seconds per plain round, from
 the loop's own timings), the measured speedup over plain decoding on the same prompts (decode time: prefill
 excluded; `x e2e` includes it, and is the one comparable with transformers' rows), and the predicted speedup
-(1 - alpha^(K+1)) / ((1 - alpha)(K c + v)), with v = 1 (Leviathan et al.) and with the measured v(K).
+(1 - alpha^(K+1)) / ((1 - alpha)(K c + v)), with v = 1 (Leviathan et al.) and the measured v(K); for the draft model
+also with tokens per round replayed from where its greedy runs disagreed (`calc.replayed_rounds`, exact for greedy).
 
 Cost-only mode (`--alpha A`) skips generation: for random-weight models, whose acceptance means nothing, it measures
 c and the verify curve and predicts the speedups at the acceptance A you give.
@@ -40,13 +41,11 @@ HF_METHODS = ("hf", "hf-assisted")
 NOT_INDEPENDENT = (
     "Measured tokens per round differ from the formula's because acceptances are not independent: easy stretches "
     "(boilerplate, copied code) accept whole runs of drafts and hard ones reject early, while the formula assumes "
-    "every draft is accepted with the same probability alpha."
+    "every draft is accepted with the same probability alpha. The replayed columns keep the clustering."
 )
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Measuring
-# ---------------------------------------------------------------------------------------------------------------
+# ---- Measuring -------------------------------------------------------------------------------------------------------
 
 
 def measure_costs(pair, ids: list[int], ks: list[int], trials: int) -> dict:
@@ -86,6 +85,7 @@ def loop_row(pair, method: str, k, ids: list[int], max_new_tokens: int, sampling
         "prefill_s": result.prefill_s, "decode_s": result.decode_s,
         "draft_s": sum(r.draft_s for r in result.rounds), "verify_s": sum(r.verify_s for r in result.rounds),
         "e2e_s": result.prefill_s + result.decode_s,
+        "round_counts": [[r.drafted, r.accepted] for r in result.rounds],
     }
 
 
@@ -95,7 +95,7 @@ def hf_row(pair, method: str, ids: list[int], max_new_tokens: int) -> dict:
     tokens, seconds = timed(lambda: hf_generate(pair, ids, max_new_tokens, assist=assist), pair.device)
     return {"method": method, "k": None, "tokens": len(tokens), "rounds": None, "drafted": None,
             "accepted": None, "rejected": None, "prefill_s": None, "decode_s": None, "draft_s": None,
-            "verify_s": None, "e2e_s": seconds}
+            "verify_s": None, "e2e_s": seconds, "round_counts": None}
 
 
 def run_config(pair, config: tuple[str, object], ids, max_new_tokens, sampling=Sampling(), seed=0) -> dict:
@@ -119,9 +119,7 @@ def configs(methods: list[str], ks: list[int]) -> list[tuple[str, object]]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Aggregating (pure: rows in, summary out)
-# ---------------------------------------------------------------------------------------------------------------
+# ---- Aggregating (pure: rows in, summary out) ------------------------------------------------------------------------
 
 
 def _sum(rows, key):
@@ -167,6 +165,10 @@ def summarize(rows: list[dict], costs: dict, ks: list[int]) -> dict:
         fixed = [r for r in greedy if r["method"] == method]
         if fixed and _sum(fixed, "drafted"):
             fits[method] = {"alpha": alpha_hat(fixed), "c": _sum(fixed, "draft_s") / _sum(fixed, "drafted") / step_s}
+    texts: dict = {}  # (rep, prompt) -> the draft model's runs of its text at every K: (tokens, rounds) each
+    for r in greedy:
+        if r["method"] == "draft" and r.get("round_counts"):
+            texts.setdefault((r["rep"], r["prompt"]), []).append((r["tokens"], r["round_counts"]))
     table_rows = []
     for method, k in dict.fromkeys((r["method"], r["k"]) for r in greedy):
         group = [r for r in greedy if r["method"] == method and r["k"] == k]
@@ -189,6 +191,9 @@ def summarize(rows: list[dict], costs: dict, ks: list[int]) -> dict:
             row["predicted_tokens_per_round"] = calc.expected_tokens(fit["alpha"], k)
             row["predicted_x"] = calc.speedup(fit["alpha"], k, fit["c"])
             row["predicted_x_v"] = calc.speedup(fit["alpha"], k, fit["c"], costs["verify_factor"][k])
+            if method == "draft":  # prompt lookup's guesses depend on the round's start, not only on the text
+                tpr = row["replayed_tokens_per_round"] = calc.replayed_tokens_per_round(texts.values(), k, fit["alpha"])
+                row["predicted_x_replayed"] = tpr / calc.round_cost(k, fit["c"], costs["verify_factor"])
         table_rows.append(row)
     best = {}
     drafted = [r for r in table_rows if r["method"] == "draft"]
@@ -200,6 +205,9 @@ def summarize(rows: list[dict], costs: dict, ks: list[int]) -> dict:
         fit = fits["draft"]
         k, x = calc.best_k(fit["alpha"], fit["c"], max(ks), costs["verify_factor"], ks=ks)
         best["predicted"] = {"k": k, "x": x}
+        if texts:
+            top = max([plain_row, *drafted], key=lambda r: r.get("predicted_x_replayed", 1.0))
+            best["predicted_replayed"] = {"k": top["k"], "x": top.get("predicted_x_replayed", 1.0)}
         auto = [r for r in table_rows if r["method"] == "auto"]
         if auto:
             best["auto"] = {"x": auto[0]["x"], "of_best_fixed": auto[0]["x"] / measured["x"]}
@@ -214,14 +222,12 @@ def predict(alpha: float, costs: dict, ks: list[int]) -> list[dict]:
              "predicted_x": calc.speedup(alpha, k, c), "predicted_x_v": calc.speedup(alpha, k, c, v)} for k in ks]
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Reporting
-# ---------------------------------------------------------------------------------------------------------------
+# ---- Reporting -------------------------------------------------------------------------------------------------------
 
 COLUMNS = [
     ("method", ""), ("k", ""), ("alpha", ".3f"), ("alpha_sample", ".3f"), ("tokens_per_round", ".2f"),
     ("predicted_tokens_per_round", ".2f"), ("mean_k", ".2f"), ("verify_factor", ".3f"), ("predicted_x", ".2f"),
-    ("predicted_x_v", ".2f"),
+    ("predicted_x_v", ".2f"), ("replayed_tokens_per_round", ".2f"), ("predicted_x_replayed", ".2f"),
     ("x", ".2f"), ("spread", ""), ("x_e2e", ".2f"), ("tok_s_e2e", ".2f"),
 ]
 COST_COLUMNS = [("k", ""), ("verify_factor", ".3f"), ("predicted_tokens_per_round", ".2f"), ("predicted_x", ".2f"),
@@ -239,9 +245,7 @@ def printable(rows: list[dict]) -> list[dict]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The task
-# ---------------------------------------------------------------------------------------------------------------
+# ---- The task --------------------------------------------------------------------------------------------------------
 
 
 def parse_ks(text: str) -> list[int]:
@@ -373,6 +377,9 @@ def full(args, pair, prompts: list[dict], ids: list[list[int]], title: str, setu
     if "measured" in best:
         print(f"best K measured = {best['measured']['k']} ({best['measured']['x']:.2f}x); best K predicted = "
               f"{best['predicted']['k']} ({best['predicted']['x']:.2f}x, measured verify factors)")
+    if "predicted_replayed" in best:
+        print(f"best K predicted from where the draft disagreed = {best['predicted_replayed']['k']} "
+              f"({best['predicted_replayed']['x']:.2f}x)")
     if "auto" in best:
         print(f"auto: {best['auto']['x']:.2f}x, {best['auto']['of_best_fixed']:.0%} of the best fixed K")
     print(NOT_INDEPENDENT)

@@ -1,5 +1,7 @@
 """The speedup formula and `python -m spec.calc`, pinned to the lesson's numbers."""
 
+import random
+
 import pytest
 
 from spec import calc
@@ -65,3 +67,52 @@ def test_cli_verify_factor_and_bad_input(capsys):
     with pytest.raises(SystemExit):
         calc.main(["--alpha", "1.5", "--c", "0.1"])
     assert "--alpha must be in [0, 1]" in capsys.readouterr().err
+
+
+def _rounds(agree: list[bool], k: int) -> list[tuple[int, int]]:
+    """The rounds greedy speculation with K drafts takes over a text where the draft agrees at `agree`."""
+    out, start = [], 0
+    while start < len(agree):
+        drafted = min(k, len(agree) - start - 1)
+        accepted = next((j for j in range(drafted) if not agree[start + j]), drafted)
+        out.append((drafted, accepted))
+        start += accepted + 1
+    return out
+
+
+def test_agreement_is_read_off_a_runs_rounds():
+    # 2 kept then a fix; 4 kept then the bonus (unobserved); the last round drafts nothing
+    assert calc.agreement([(4, 2), (4, 4), (0, 0)]) == [True, True, False, True, True, True, True, None, None]
+    assert calc.merge_agreement([[True, None, None], [None, False]]) == [True, False, None]
+
+
+def test_replaying_a_texts_agreements_gives_every_ks_rounds_exactly():
+    """Runs at several Ks of one greedy text, merged, predict each K's own rounds exactly (a round never reads the
+    bonus position it leaves unobserved), and other Ks' too; on clustered agreements the independent-alpha formula
+    is off, the replay is not."""
+    rng = random.Random(5)
+    agree, easy = [], True
+    for _ in range(3000):  # stretches of easy text (agree 99%) and hard text (agree 20%)
+        easy = easy if rng.random() < 0.97 else not easy
+        agree.append(rng.random() < (0.99 if easy else 0.2))
+    runs = {k: _rounds(agree, k) for k in (1, 2, 4, 8)}
+    merged = calc.merge_agreement([calc.agreement(r, len(agree)) for r in runs.values()])
+    alpha = sum(agree) / len(agree)
+    for k, rounds in runs.items():
+        assert calc.replayed_rounds(merged, k, alpha) == len(rounds)  # exact: the same positions decide
+    for k in (3, 6):
+        unknown = [i for i, a in enumerate(merged) if a is None]
+        exact = len(_rounds(agree, k))
+        # unobserved positions are filled at alpha: each can move the count by at most one round
+        assert abs(calc.replayed_rounds(merged, k, alpha) - exact) <= len(unknown)
+    tpr = calc.replayed_tokens_per_round([[(len(agree), runs[8])]], 8, alpha)
+    assert tpr == pytest.approx(len(agree) / len(runs[8]))
+    assert abs(tpr - calc.expected_tokens(alpha, 8)) > 0.25  # what the formula misses on clustered text (0.30)
+
+
+def test_replaying_independent_agreements_matches_the_formula():
+    rng = random.Random(1)
+    agree = [rng.random() < 0.7 for _ in range(200_000)]
+    rounds = calc.replayed_rounds(agree, 4, 0.7)
+    # ~72k rounds, tokens per round sd ~1.3: the mean within 0.03 is 6 standard errors
+    assert len(agree) / rounds == pytest.approx(calc.expected_tokens(0.7, 4), abs=0.03)

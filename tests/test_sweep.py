@@ -98,7 +98,7 @@ def test_a_tiny_sweep_writes_rows_summary_and_plot(prompts, tmp_path, capsys):
     assert len(greedy) == 2 * 2 * 8
     assert len([r for r in saved["rows"] if r["mode"] == "sample"]) == 2 * 2
     keys = {"rep", "prompt", "mode", "method", "k", "tokens", "rounds", "drafted", "accepted", "rejected", "prefill_s",
-            "decode_s", "draft_s", "verify_s", "e2e_s"}
+            "decode_s", "draft_s", "verify_s", "e2e_s", "round_counts"}
     assert all(set(r) == keys for r in saved["rows"])
     loop_rows = [r for r in greedy if not r["method"].startswith("hf")]
     plain = {(r["rep"], r["prompt"]): r["tokens"] for r in loop_rows if r["method"] == "plain"}
@@ -111,6 +111,9 @@ def test_a_tiny_sweep_writes_rows_summary_and_plot(prompts, tmp_path, capsys):
     pngs = list(tmp_path.glob("sweep-2*.png"))
     assert len(pngs) == 1 and pngs[0].stat().st_size > 10_000
     assert data["summary"]["best"]["measured"]["k"] in (0, 1, 3)
+    replayed = {r["k"]: r["replayed_tokens_per_round"] for r in saved["summary"]["rows"] if r["method"] == "draft"}
+    assert 1 <= replayed[1] <= 2 and 1 <= replayed[3] <= 4 and replayed[3] >= replayed[1]
+    assert data["summary"]["best"]["predicted_replayed"]["k"] in (0, 1, 3)
 
 
 def test_cost_only_mode_predicts_at_the_given_alpha(prompts, tmp_path, capsys):
