@@ -8,5 +8,4 @@ rm -f /root/wts/all /root/wts/c??
 sha256sum $G/*
 python3 -c "import torch, transformers, triton, fastapi, uvicorn, openai, gguf, prometheus_client; print(torch.__version__, transformers.__version__, triton.__version__, fastapi.__version__, prometheus_client.__file__)"
 time python3 -m spec.check_pair --pair qwen-coder --device cuda --backend graph --max-new-tokens 24 2>&1 | tee $OUT/check_pair.log
-timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_kernels.py tests/test_graph.py -k "not interpreter" 2>&1 | tail -15 | tee $OUT/pytest.log
 pack setup
