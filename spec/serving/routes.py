@@ -247,7 +247,8 @@ async def models(s: Served = Depends(served)):
     pair = s.ready_pair()
     engine = s.engine
     k = "0" if engine.method == "none" else str(engine.k) if isinstance(engine.k, int) else "auto"
-    config = ServedConfig(method=engine.method, k=k, dtype=dtype_name(pair.dtype), device=str(pair.device))
+    config = ServedConfig(method=engine.method, k=k, dtype=dtype_name(pair.dtype), device=str(pair.device),
+                          draft_quant=pair.draft_quant)
     return ModelList(data=[ModelCard(id=s.model_name, created=s.created, max_model_len=s.context_length(pair),
                                      speculation=config)])
 

@@ -281,6 +281,7 @@ class ServedConfig(BaseModel):
     k: str
     dtype: str
     device: str
+    draft_quant: str = "none"
 
 
 class ModelCard(BaseModel):

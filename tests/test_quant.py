@@ -1,0 +1,122 @@
+"""Quantized drafts (spec/models/quant.py): the formats' round-trip bounds, the layers against the weights they stand
+for, clear errors, and the answers unchanged: greedy identity and the whole loop's law with int8 and int4 drafts."""
+
+import pytest
+import torch
+
+from spec import dist_test as dt
+from spec.cli import add_model_args
+from spec.drafters import ModelDrafter, NoDrafter
+from spec.loop import generate
+from spec.models import ModelError, load_pair
+from spec.models import quant as qz
+from spec.warps import Sampling
+
+
+def weights(n: int, k: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """Random rows with very different scales, and groups offset far from zero (the hard case for z's rounding)."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen) * torch.rand(n, 1, generator=gen) * 0.2
+    w[: n // 4] += 3.0  # a quarter of the rows far from zero
+    w[0, :] = 0.7  # a constant row: scale ~0, every code the same
+    return w.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_int8_round_trip_within_half_a_step(dtype):
+    w = weights(64, 96, dtype)
+    codes, scales = qz.quantize_int8(w)
+    assert codes.dtype == torch.int8 and scales.dtype == dtype and codes.abs().max() <= 127
+    error = (qz.dequantize_int8(codes, scales) - w.float()).abs()
+    # the docstring's bound: |w - q s| <= s / 2 (s rounded up, so no code is clipped); fp32's own product rounding
+    # of q s adds |q s| eps32 at most
+    bound = scales.float()[:, None] / 2 + w.float().abs() * torch.finfo(torch.float32).eps
+    assert (error <= bound).all()
+    assert (scales.float() * 127 >= w.float().abs().amax(1)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_int4_round_trip_within_the_derived_bound(dtype):
+    w = weights(64, 128, dtype)
+    codes, sz = qz.quantize_int4(w)
+    assert sz.shape == (128 // qz.GROUP, 64, 2) and codes.min() >= 0 and codes.max() <= 15
+    scale, zero = (sz[..., i].float().t().repeat_interleave(qz.GROUP, 1) for i in (0, 1))  # per entry [N, K]
+    u = torch.finfo(dtype).eps / 2
+    error = (qz.dequantize_int4(codes, sz) - w.float()).abs()
+    # quantize_int4's bound, s / 2 + u (|z| + 8 s), plus fp32 rounding of the de-quantised value (8 eps32 of it)
+    bound = scale / 2 + u * (zero.abs() + 8 * scale) + 8 * torch.finfo(torch.float32).eps * (w.float().abs() + 1)
+    assert (error <= bound).all()
+    assert error[1:].max() > scale[1:].min() / 4  # the bound is not vacuous: the errors are of that size
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_quant_linear_multiplies_by_the_weights_it_stands_for(scheme):
+    """The kernel's product against fp32 x @ W^T of the de-quantised weights (bias included), for one token and
+    several, and with output rows that are not a multiple of 16 (the int4 kernel's packing, padded)."""
+    linear = torch.nn.Linear(128, 72).to(torch.bfloat16)
+    layer = qz.QuantLinear(linear, scheme)
+    if scheme == "int8":
+        w = qz.dequantize_int8(*qz.quantize_int8(linear.weight.detach()))
+    else:
+        padded = torch.cat([linear.weight.detach(), linear.weight.new_zeros(8, 128)])
+        w = qz.dequantize_int4(*qz.quantize_int4(padded))[:72]
+    for shape in ((128,), (1, 128), (2, 5, 128)):
+        x = torch.randn(shape).to(torch.bfloat16)
+        got = layer(x).float()
+        assert got.shape == (*shape[:-1], 72)
+        ref = x.float() @ w.t() + linear.bias.float()
+        # bf16 de-quantised weights (2^-8 of each product) and a bf16 output (2^-8 of the sum): 2^-7 sum |x w| + bias
+        bound = 2 ** -7 * (x.float().abs() @ w.abs().t() + linear.bias.float().abs())
+        assert ((got - ref).abs() <= bound).all()
+
+
+def test_errors_name_the_format_and_the_reason():
+    assert "fp8" in qz.quant_error("--draft-quant", "fp8", "cpu")
+    assert "CPU only" in qz.quant_error("--draft-quant", "int4", "cuda")
+    assert "unknown" in qz.quant_error("--draft-quant", "int3", "cpu")
+    assert qz.quant_error("--draft-quant", "int4", "cpu") is None and qz.quant_error("x", "none", "cuda") is None
+    with pytest.raises(ModelError, match="groups of 32"):
+        qz.QuantLinear(torch.nn.Linear(100, 64), "int4")
+    with pytest.raises(ModelError, match="fp8"):
+        load_pair("tiny", device="cpu", draft_quant="fp8")
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    assert parser.parse_args(["--draft-quant", "int4"]).draft_quant == "int4"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--draft-quant", "int3"])
+
+
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def quantized(request):
+    return load_pair("tiny", device="cpu", draft_quant=request.param)
+
+
+def test_greedy_with_a_quantized_draft_is_plain_greedy(quantized):
+    plain_pair = load_pair("tiny", device="cpu")
+    assert quantized.draft.weight_bytes() < plain_pair.draft.weight_bytes() / 2  # fp32 tiny: 4 bytes -> 1 or 1/2
+    assert isinstance(quantized.draft.model.lm_head, qz.QuantLinear) and quantized.draft_quant in ("int8", "int4")
+    for seed in range(3):
+        prompt = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
+        plain = generate(quantized.target, NoDrafter(quantized.device), prompt, 48, k=0)
+        spec = generate(quantized.target, ModelDrafter(quantized.draft), prompt, 48, k=4)
+        assert spec.tokens == plain.tokens and 0 < spec.accepted < spec.drafted  # both paths of the rule ran
+
+
+def test_the_whole_loop_with_a_quantized_draft_samples_the_target(quantized):
+    """The law of the first 3 tokens of 400 seeded generations against the target's exact sequence probabilities:
+    the correct loop passes, the softmax-q bug fails with power >= 0.99 (as test_dist's whole-loop test)."""
+    checks = dt.loop_checks(quantized, ["softmax-q"], 400, 0, Sampling(1.5))
+    by = {c.variant: c for c in checks}
+    assert by["correct"].verdict == "pass" and by["softmax-q"].verdict == "FAIL"
+    assert by["softmax-q"].power >= dt.POWER_GOAL
+
+
+@pytest.mark.real
+def test_real_pair_with_an_int4_draft_is_plain_greedy():
+    pair = load_pair("qwen-coder", device="cpu", draft_quant="int4")
+    prompt = pair.tokenizer("def fibonacci(n):").input_ids
+    plain = generate(pair.target, NoDrafter(pair.device), prompt, 24, k=0)
+    spec = generate(pair.target, ModelDrafter(pair.draft), prompt, 24, k=4)
+    assert spec.tokens == plain.tokens and spec.accepted > 0
