@@ -1,0 +1,77 @@
+"""Quantized drafts side by side, one process: for each draft format, a draft step's time and c, then plain and
+speculative greedy decoding on the same prompts (identity, alpha-hat, tokens per round, tok/s, speedup).
+
+    python benchmarks/cpu/draft_quant.py --pair qwen-coder --prompts short,code --limit 3 --max-new-tokens 64
+
+Each format loads the pair again (the target from the user cache, the draft quantized as it loads), so every
+speedup is over plain decoding measured in the same load. Rows go to results/draft_quant-<time>.jsonl as they come.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from spec.cli import add_model_args, load_from_args  # noqa: E402
+from spec.harness import Setup, forward_times, run_prompt  # noqa: E402
+from spec.io import Results, load_prompts, table  # noqa: E402
+from spec.models import chat_ids  # noqa: E402
+from spec.models.quant import QUANTS  # noqa: E402
+
+COLUMNS = [("quant", ""), ("prompts", ""), ("draft_step_ms", ".1f"), ("c", ".3f"), ("identical", ""),
+           ("alpha", ".3f"), ("tokens_per_round", ".2f"), ("plain_tok_s", ".2f"), ("spec_tok_s", ".2f"),
+           ("speedup", ".2f")]
+
+
+def step_ms(model, context: list[int], trials: int) -> float:
+    return statistics.median(forward_times(model, context, context[-1:], trials)) * 1e3
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(parser)
+    parser.add_argument("--quants", default="none,int8,int4", help="draft formats to compare (default none,int8,int4)")
+    parser.add_argument("--prompts", default="short,code", help="prompt sets (default short,code)")
+    parser.add_argument("--limit", type=int, default=3, help="prompts per set (default 3)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    parser.add_argument("--k", type=int, default=4, help="drafts per round (default 4)")
+    parser.add_argument("--trials", type=int, default=10, help="timed forwards per step measurement (default 10)")
+    args = parser.parse_args(argv)
+    quants = args.quants.split(",")
+    if unknown := set(quants) - set(QUANTS):
+        parser.error(f"unknown --quants {', '.join(sorted(unknown))}; choose from {', '.join(QUANTS)}")
+    results, summary = Results("draft_quant"), []
+    sets = {name: load_prompts(name)[: args.limit] for name in args.prompts.split(",")}
+    for quant in quants:
+        args.draft_quant = quant
+        pair = load_from_args(args)
+        context = chat_ids(pair.tokenizer, next(iter(sets.values()))[0]["prompt"])
+        run_prompt(pair, next(iter(sets.values()))[0], Setup(k=args.k, max_new_tokens=8), args.k)  # warm-up, untimed
+        draft_ms, target_ms = step_ms(pair.draft, context, args.trials), step_ms(pair.target, context, args.trials)
+        for name, prompts in sets.items():
+            rows = [results.add({"quant": quant, "set": name, **run_prompt(pair, p, Setup(k=args.k, max_new_tokens=
+                                 args.max_new_tokens), args.k)}) for p in prompts]
+            drafted = sum(r["spec"]["drafted"] for r in rows)
+            tokens, plain_s, spec_s = (sum(r[key] for r in rows) for key in ("tokens", "plain_s", "spec_s"))
+            summary.append({
+                "quant": quant, "prompts": f"{name} x{len(rows)}", "draft_step_ms": draft_ms,
+                "target_step_ms": target_ms, "c": draft_ms / target_ms,
+                "identical": all(r["identical"] for r in rows),
+                "alpha": sum(r["spec"]["accepted"] for r in rows) / drafted if drafted else float("nan"),
+                "tokens_per_round": tokens / sum(r["spec"]["rounds"] for r in rows),
+                "plain_tok_s": sum(r["plain_tokens"] for r in rows) / plain_s, "spec_tok_s": tokens / spec_s,
+            })
+            summary[-1]["speedup"] = summary[-1]["spec_tok_s"] / summary[-1]["plain_tok_s"]
+        del pair
+    print(table(summary, COLUMNS))
+    out = results.finish({"setup": vars(args), "summary": summary})
+    print(f"wrote {out}")
+    return {"summary": summary}
+
+
+if __name__ == "__main__":
+    main()
