@@ -16,6 +16,7 @@ Example: alpha 0.7, c 0.1 -> K = 4 emits 2.77 tokens per round at a cost of 1.4 
 from __future__ import annotations
 
 import argparse
+import random
 from collections.abc import Mapping
 
 from spec.io import table
@@ -89,8 +90,6 @@ def replayed_rounds(agree: list[bool | None], k: int, alpha: float, fills: int =
     """Rounds K drafts a round would take over the text of `agree` (its length in tokens): each round accepts the
     run of agreements from its start, at most K (and no more than the tokens left), and emits one token more.
     Unobserved positions are filled by draws at `alpha`, averaged over `fills` seeded fillings (exact if none)."""
-    import random
-
     rng = random.Random(seed)
     unknown = [i for i, a in enumerate(agree) if a is None]
     total = 0

@@ -127,7 +127,7 @@ def rule_checks(case: str, p: torch.Tensor, q: torch.Tensor, variants: Sequence[
     support = (p > 0) | (q > 0)
     p, q = p[support].cpu(), q[support].cpu()
     p32, q32 = p.float(), q.float()
-    probs = p.double().cpu().numpy()
+    probs = p.double().numpy()
     checks = []
 
     def run(part, label, variant, draws, law=None, against=probs, expect="pass"):

@@ -1,6 +1,8 @@
 """Quantized drafts (spec/models/quant.py): the formats' round-trip bounds, the layers against the weights they stand
 for, clear errors, and the answers unchanged: greedy identity and the whole loop's law with int8 and int4 drafts."""
 
+import argparse
+
 import pytest
 import torch
 
@@ -79,8 +81,6 @@ def test_errors_name_the_format_and_the_reason():
         qz.QuantLinear(torch.nn.Linear(100, 64), "int4")
     with pytest.raises(ModelError, match="fp8"):
         load_pair("tiny", device="cpu", draft_quant="fp8")
-    import argparse
-
     parser = argparse.ArgumentParser()
     add_model_args(parser)
     assert parser.parse_args(["--draft-quant", "int4"]).draft_quant == "int4"

@@ -68,7 +68,9 @@ def main(argv=None) -> dict:
             summary[-1]["speedup"] = summary[-1]["spec_tok_s"] / summary[-1]["plain_tok_s"]
         del pair
     print(table(summary, COLUMNS))
-    out = results.finish({"setup": vars(args), "summary": summary})
+    setup = {**vars(args), "quants": quants}
+    setup.pop("draft_quant")  # each row names its own
+    out = results.finish({"setup": setup, "summary": summary})
     print(f"wrote {out}")
     return {"summary": summary}
 

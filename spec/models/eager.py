@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
+from spec.models.quant import QuantLinear
+
 
 def rollback_cache(cache, length: int) -> None:
     """Cut a transformers KV cache back to its first `length` positions.
@@ -73,6 +75,6 @@ class EagerModel:
     def weight_bytes(self) -> int:
         """Bytes one decode step must read: every parameter once (tied embeddings counted once), and the buffers
         of quantized layers (their packed weights and scales)."""
-        tensors = [*self.model.parameters(), *(b for m in self.model.modules() if hasattr(m, "scheme")
+        tensors = [*self.model.parameters(), *(b for m in self.model.modules() if isinstance(m, QuantLinear)
                                                for b in m.buffers(recurse=False))]
         return sum(t.numel() * t.element_size() for t in tensors)
