@@ -1,5 +1,6 @@
-"""Quantized drafts side by side, one process: for each draft format, a draft step's time and c, then plain and
-speculative greedy decoding on the same prompts (identity, alpha-hat, tokens per round, tok/s, speedup).
+"""Quantized drafts side by side, one process: for each draft format, one product's time, a draft step's time and c,
+then plain and speculative greedy decoding on the same prompts (identity, alpha-hat, tokens per round, tok/s,
+speedup).
 
     python benchmarks/cpu/draft_quant.py --pair qwen-coder --prompts short,code --limit 3 --max-new-tokens 64
 
@@ -27,6 +28,26 @@ COLUMNS = [("quant", ""), ("prompts", ""), ("draft_step_ms", ".1f"), ("c", ".3f"
            ("speedup", ".2f")]
 
 
+def product_ms(scheme: str, n: int = 4864, k: int = 896, trials: int = 200) -> float:
+    """One token's [1, k] x [k, n] product in bf16 (default: the 0.5B draft's gate/up), as the draft runs it."""
+    import time
+
+    import torch
+
+    from spec.models.quant import QuantLinear
+
+    linear = torch.nn.Linear(k, n, bias=False).to(torch.bfloat16)
+    layer = linear if scheme == "none" else QuantLinear(linear, scheme)
+    x = torch.randn(1, k).to(torch.bfloat16)
+    with torch.inference_mode():
+        for _ in range(10):
+            layer(x)
+        start = time.perf_counter()
+        for _ in range(trials):
+            layer(x)
+    return (time.perf_counter() - start) / trials * 1e3
+
+
 def step_ms(model, context: list[int], trials: int) -> float:
     return statistics.median(forward_times(model, context, context[-1:], trials)) * 1e3
 
@@ -40,10 +61,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
     parser.add_argument("--k", type=int, default=4, help="drafts per round (default 4)")
     parser.add_argument("--trials", type=int, default=10, help="timed forwards per step measurement (default 10)")
+    parser.add_argument("--products-only", action="store_true",
+                        help="time only one [1, 896] x [896, 4864] product per format (random weights; seconds)")
     args = parser.parse_args(argv)
     quants = args.quants.split(",")
     if unknown := set(quants) - set(QUANTS):
         parser.error(f"unknown --quants {', '.join(sorted(unknown))}; choose from {', '.join(QUANTS)}")
+    products = {quant: product_ms(quant) for quant in quants}
+    print("one [1, 896] x [896, 4864] bf16 product: " + ", ".join(f"{q} {ms:.3f} ms" for q, ms in products.items()))
+    if args.products_only:
+        return {"products_ms": products}
     results, summary = Results("draft_quant"), []
     sets = {name: load_prompts(name)[: args.limit] for name in args.prompts.split(",")}
     for quant in quants:
@@ -68,7 +95,7 @@ def main(argv=None) -> dict:
             summary[-1]["speedup"] = summary[-1]["spec_tok_s"] / summary[-1]["plain_tok_s"]
         del pair
     print(table(summary, COLUMNS))
-    setup = {**vars(args), "quants": quants}
+    setup = {**vars(args), "quants": quants, "products_ms": products}
     setup.pop("draft_quant")  # each row names its own
     out = results.finish({"setup": setup, "summary": summary})
     print(f"wrote {out}")

@@ -12,9 +12,10 @@ PyTorch's own CPU kernels (no new kernel code here):
   q in [0, 15], packed two to a byte (`aten._weight_int4pack_mm_for_cpu`).
 
 Scales are kept in the model's dtype (bf16 by default). Measured on this project's 2-core CPU, one
-[1, 896] x [896, 4864] product (the 0.5B draft's gate/up): bf16 0.30 ms, int8 0.13 ms, int4 0.11 ms; torchao
-0.18's `Int8WeightOnlyConfig` took 0.70 ms and its int4 configs have no CPU kernel left (`IntxWeightOnlyConfig`
-int4 de-quantises each call: 2.2 ms), which is why these wrappers call the ATen kernels directly.
+[1, 896] x [896, 4864] product (the 0.5B draft's gate/up; `benchmarks/cpu/draft_quant.py --products-only`): bf16
+0.30 ms, int8 0.13 ms, int4 0.11 ms. torchao 0.18, installed for the comparison only, took 0.70 ms with its
+`Int8WeightOnlyConfig`, and its int4 configs have no CPU kernel left (`IntxWeightOnlyConfig` int4 de-quantises
+each call: 2.2 ms), which is why these wrappers call the ATen kernels directly.
 
 The embedding keeps its bf16 rows (a step reads one). The graph backend's fused kernels read bf16 weights, and the
 CUDA kernels for these formats are not wired yet: both are refused with the reason.
