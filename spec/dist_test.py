@@ -176,8 +176,9 @@ def real_rows(pair, sampling: Sampling, prompt: str, positions: int = 16) -> tup
 def loop_outputs(target: Model, drafter, prompt, depth: int, k: int, sampling: Sampling, n: int, seed: int,
                  desc: str, decoding: Callable[[], Decoding] | None = None) -> list[list[int]]:
     """The first `depth` tokens of n seeded generations through the real loop (one generator for all n);
-    `decoding` makes each generation's token-counting state (default: the loop's own)."""
-    generator = torch.Generator().manual_seed(seed)
+    `decoding` makes each generation's token-counting state (default: the loop's own). The generator lives where
+    the models do: the loop samples on their device."""
+    generator = torch.Generator(device=target.device).manual_seed(seed)
     outputs = []
     for _ in log.bar(iterable=range(n), desc=desc, unit="run"):
         outputs.append(generate(target, drafter, prompt, depth, k=k, sampling=sampling, generator=generator,

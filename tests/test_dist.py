@@ -98,6 +98,14 @@ def test_rule_checks_take_rows_on_the_gpu():
     assert [c.chi2 for c in on_gpu] == [c.chi2 for c in on_cpu]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_whole_loop_checks_run_on_the_gpu():
+    # `dist_test --device cuda` once crashed here: a CPU generator handed to the loop sampling on the GPU.
+    on_gpu = load_pair("tiny", device="cuda")
+    checks = dt.loop_checks(on_gpu, [], 200, SEED, Sampling(1.0))
+    assert [c.variant for c in checks] == ["correct"] and checks[0].n == 200 and checks[0].ok
+
+
 def test_rule_on_rows_of_the_tiny_pair(tiny):
     """Rows of two different models (259 tokens): the same verdicts as on the toy rows."""
     ids = tiny.tokenizer(dt.LOOP_PROMPT).input_ids

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from scipy import stats
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from spec.drafters import ModelDrafter, NoDrafter
 from spec.loop import generate
@@ -153,8 +154,6 @@ def test_greedy_identity_with_static_backend(pair):
 
 
 def test_qwen2_architecture_matches_transformers():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     config = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     torch.manual_seed(0)
@@ -219,6 +218,30 @@ def test_cuda_greedy_identity(cuda_pair):
         result = generate(target, ModelDrafter(draft), prompt, 60, k=k)
         assert result.tokens == plain
         assert 0 < result.alpha < 1
+
+
+@cuda
+def test_cuda_fp32_stack_of_a_wide_model_is_exact():
+    """fp32 runs the compiled layer stack (no fused kernels). At the real 1.5B's width (1536) it once raised a
+    ConstraintViolationError on the first prompt (dynamo derived a guard on the token count inside the declared
+    range); greedy speculation must equal plain decoding token for token, over a prompt longer than any chunk."""
+    config = Qwen2Config(vocab_size=512, hidden_size=1536, intermediate_size=1024, num_hidden_layers=2,
+                         num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=4096)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config).to("cuda", torch.float32).eval()
+        model.lm_head.weight.mul_(20.0)  # peaked rows, like a trained model's, so the draft agrees often
+        draft_model = Qwen2ForCausalLM(config).to("cuda", torch.float32).eval()
+        draft_model.load_state_dict(model.state_dict())
+        for p in draft_model.parameters():
+            p.data.add_(torch.randn_like(p) * 0.05 * p.std())
+    target = make_model(model, 512, "graph", "target", 4096)
+    draft = make_model(draft_model, 512, "graph", "draft", 4096)
+    assert target.compiled and not target.fused_step
+    prompt = torch.randint(0, 512, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+    plain = generate(target, NoDrafter("cuda"), prompt, 40, k=0).tokens
+    assert generate(EagerModel(model, 512), NoDrafter("cuda"), prompt, 40, k=0).tokens == plain
+    assert generate(target, ModelDrafter(draft), prompt, 40, k=4).tokens == plain
 
 
 @cuda

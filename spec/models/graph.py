@@ -273,8 +273,10 @@ class GraphModel:
         if not self.compiled:
             return self.body(ids, self.pos, span)
         if ids.shape[0] > 1:
-            # One compilation for every n >= 2; n = 1 (a draft step) gets its own, specialised one.
-            torch._dynamo.mark_dynamic(ids, 0, min=2, max=self.k_cache[0].shape[1])
+            # One compilation for the n >= 2 (n = 1, a draft step, gets its own, specialised one). Not
+            # `mark_dynamic(min=2, max=capacity)`: a range is a promise, and the compiled fp32 stack of the real
+            # 1.5B broke it (dynamo found a guard `1536 * n < 5242880` inside it and raised instead of recompiling).
+            torch._dynamo.maybe_mark_dynamic(ids, 0)
         # Compiled code is cached per code object and guarded on `self`: every GraphModel in the process adds two
         # entries to `_body`'s cache, past dynamo's default limit of 8 after four models. The raised limit holds
         # only while this model compiles.
