@@ -21,6 +21,12 @@ fourth estimate, learned from the probes. On a GPU b is about 0 (a forward over 
 on a CPU it is not, and a later probe costs more than an early one. If b exceeds the budget, no spacing pays for
 probes and they stop. While speculation is off the loop does not even prefill the drafter (`reads_prompt`): a
 useless draft then costs nothing per request, and the prompt joins the text a probe catches up on.
+Timings are robust to one-off stalls: a CUDA graph captured or a kernel compiled on first use makes one round tens
+to hundreds of times slower than the rest. Left in, one such draft step made c look far above 1 on an H200 (the real
+Qwen pair's sweep: speculation switched off, and no probe affordable again: 0.92x). So a first draft step above
+`STALL` target steps is timed again and the faster of the two kept (`StepTime`); after that, a round slower
+than `STALL` times what the estimates predict teaches acceptance but no timing, unless it is the `STALL_RUN`-th or
+later of such rounds in a row (the machine changed: those are learned until a round fits the estimates again).
 Everything is deterministic: no randomness, only the rounds it is shown.
 
 Times must be real: on a GPU run the loop with timing=True (its default), which synchronises before each clock read.
@@ -37,6 +43,8 @@ from spec import calc
 from spec.loop import KPolicy, Round
 
 PRIOR_ALPHA_WEIGHT = 2.0  # judged positions the prior alpha is worth; real rounds outweigh it within a few rounds
+STALL = 4.0  # a round this many times slower than predicted is a stall (a graph capture, a compile): not timed
+STALL_RUN = 4  # ... unless this many rounds in a row were: then the machine changed, and the estimates follow
 
 
 class Decayed:
@@ -53,6 +61,23 @@ class Decayed:
     @property
     def value(self) -> float | None:
         return self.num / self.den if self.den > 0 else None
+
+
+class StepTime(Decayed):
+    """Seconds per step, decayed like `Decayed`; of its first two observations it keeps the faster one, since a
+    first step may pay for a one-off capture or compile."""
+
+    def __init__(self, memory: float):
+        super().__init__(memory)
+        self.count = 0
+
+    def add(self, seconds: float, steps: float) -> None:
+        self.count += 1
+        if self.count == 2:
+            if seconds / steps >= self.value:
+                return  # the first stands
+            self.num = self.den = 0.0  # the first paid for a warm-up: start from this one
+        super().add(seconds, steps)
 
 
 class AdaptiveK:
@@ -78,8 +103,8 @@ class AdaptiveK:
         self.probe_budget = probe_budget
         self.alpha = Decayed(memory)
         self.alpha.add(prior_alpha * PRIOR_ALPHA_WEIGHT, PRIOR_ALPHA_WEIGHT)
-        self.target_step = Decayed(memory)  # seconds per K = 0 round
-        self.draft_step = Decayed(memory)  # seconds per draft step
+        self.target_step = StepTime(memory)  # seconds per K = 0 round
+        self.draft_step = StepTime(memory)  # seconds per draft step
         self.slope = Decayed(memory)  # extra target steps per draft, beyond the draft steps themselves
         self.catch_up = Decayed(memory)  # b: target steps per skipped token the drafter spends catching up
         self._lag = 0  # tokens emitted by K = 0 rounds since the drafter last ran (it will have to read them)
@@ -87,6 +112,7 @@ class AdaptiveK:
         self._credit = 0.0  # target steps that probes may still spend while speculation is off
         self._since_probe = 0  # rounds since the last K = 0 probe while speculation is on
         self._probing = False
+        self._stalls = 0  # rounds in a row slower than STALL x their prediction
 
     def estimates(self) -> tuple[float, float, float] | None:
         """(alpha, c, s), or None until a draft step and a target step have been timed."""
@@ -105,9 +131,9 @@ class AdaptiveK:
         return calc.best_k(alpha, c, self.max_k, verify)
 
     def next_k(self) -> int:
-        if self.draft_step.value is None:
+        if self.draft_step.count == 0 or self._retime_draft():
             return 1
-        if self.target_step.value is None:
+        if self.target_step.count == 0:
             return 0
         k, gain = self.choice()
         if k == 0:
@@ -143,12 +169,40 @@ class AdaptiveK:
         _, c, s = self.estimates()
         return max(1, math.ceil((1 - 1 / gain) / (self.probe_budget * calc.round_cost(k, c, 1 + s * k))))
 
+    def _retime_draft(self) -> bool:
+        """A first draft step above STALL target steps is most likely a stall (no K pays beyond c = 1 anyway): time
+        one more before speculation is judged off on it."""
+        return (self.draft_step.count == 1 and self.target_step.count >= 1
+                and self.draft_step.value > STALL * self.target_step.value)
+
+    def _stalled(self, rnd: Round) -> bool:
+        """Whether this round is a one-off stall: slower than STALL x the estimates' prediction for it, and not the
+        STALL_RUN-th such round in a row. Until both steps are timed (and a suspect first draft step re-timed), none
+        is."""
+        if self.estimates() is None or self._retime_draft():
+            return False
+        _, c, s = self.estimates()
+        t_target = self.target_step.value
+        predicted = t_target * (rnd.drafted * c + 1 + s * rnd.drafted + (self.catch_up.value or 0.0) * self._lag)
+        if rnd.total_s <= STALL * predicted:
+            self._stalls = 0
+            return False
+        self._stalls += 1
+        return self._stalls < STALL_RUN  # from the STALL_RUN-th on, slow rounds are the new normal: learned
+
     def observe(self, rnd: Round) -> None:
         t_target, t_draft = self.target_step.value, self.draft_step.value
         probing, self._probing = self._probing, False
         if rnd.prefill_s:
             # A new generation: the drafter has just read the whole prompt, unless it was told to skip it.
             self._lag, self._unread_prompt = self._unread_prompt, 0
+        if self._stalled(rnd):
+            if rnd.drafted:
+                self.alpha.add(rnd.accepted, rnd.accepted + (1 if rnd.accepted < rnd.drafted else 0))
+                self._lag = 0
+            else:
+                self._lag += len(rnd.tokens)
+            return
         if rnd.drafted == 0:
             self.target_step.add(rnd.total_s, 1)
             self._lag += len(rnd.tokens)
