@@ -21,6 +21,7 @@ import torch
 
 from spec.drafters import ModelDrafter
 from spec.models import EagerModel
+from spec.tree import Draft, children
 from spec.warps import Decoding, Sampling, TokenCounts
 
 BUGS = {
@@ -85,8 +86,8 @@ class SoftmaxQDrafter(ModelDrafter):
             drafts.append(token)
             new = token
         if not drafts:
-            return torch.empty(0, dtype=torch.long, device=self.model.device), None
-        return torch.cat(drafts), torch.stack(dists)
+            return Draft.empty(self.model.device)
+        return Draft(torch.cat(drafts), torch.stack(dists))
 
 
 def softmax_q_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -143,3 +144,37 @@ class CommittedOnlyCounts(TokenCounts):
 def committed_penalty_decoding(sampling: Sampling, prompt: list[int], vocab: int, device) -> Decoding:
     """A `Decoding` whose counts are `CommittedOnlyCounts`: pass it to `spec.loop.generate(..., decoding=)`."""
     return Decoding(sampling, CommittedOnlyCounts(prompt, vocab, device))
+
+
+# ---- naive-tree: a wrong tree rule ---------------------------------------------------------------------------
+
+
+def naive_tree_accept(p: torch.Tensor, q: torch.Tensor | None, tokens: torch.Tensor, parents: tuple[int, ...],
+                      generator: torch.Generator | None = None) -> tuple[list[int], int]:
+    """The tempting tree rule: keep a node's first child with min(1, p/q), as on a chain; if it is rejected, draw y
+    from p itself and descend if y is one of the other children, else emit y. Same arguments as
+    `spec.rules.tree_accept`.
+
+    It is wrong because the draw after a rejection comes from p, not from the residual max(0, p - q): the first
+    child is emitted with probability min(p, q) + (1 - alpha) p of its mass, more than p wherever q > 0 and the
+    first try can fail. tests/test_tree.py shows a chi-square catching it."""
+    kids = children(parents)
+    ids = tokens.tolist()
+    path, node = [], -1
+    while True:
+        row = p[node + 1]
+        options = kids[node]
+        if not options:
+            return path, int(torch.multinomial(row[None], 1, generator=generator))
+        first = options[0]
+        q_x = 1.0 if q is None else float(q[first][ids[first]])
+        if float(torch.rand((), generator=generator, device=p.device)) * q_x < float(row[ids[first]]):
+            path.append(first)
+            node = first
+            continue
+        y = int(torch.multinomial(row[None], 1, generator=generator))
+        child = next((c for c in options[1:] if ids[c] == y), None)
+        if child is None:
+            return path, y
+        path.append(child)
+        node = child

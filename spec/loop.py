@@ -7,6 +7,10 @@ One round:
   4. the text grows by n + 1 tokens and both caches roll back to the true text less its last token, which the
      next round feeds first.
 With k = 0 (or a drafter that finds nothing) a round is exactly one step of plain decoding.
+
+A drafter may propose a token tree instead of a chain (spec/tree.py): the same round, with the target's forward
+over all nodes under a tree layout, the tree rules (`tree_greedy`, `tree_accept`) choosing the accepted path, and
+the caches keeping that path (`Model.keep`). A chain takes the batched chain rules, with one device-to-host sync.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from typing import Protocol
 
 import torch
 
+from spec import tree
 from spec.drafters import Drafter
 from spec.models import Model, sync_time
-from spec.rules import accept_or_fix, greedy_rule
+from spec.rules import accept_or_fix, greedy_rule, tree_accept, tree_greedy
 from spec.warps import Decoding, Sampling
 
 
@@ -128,32 +133,49 @@ def speculate(
     while True:
         t0 = clock()
         k_now = max(0, min(policy.next_k(), max_new_tokens - emitted - 1))
-        drafts, q = drafter.propose(seq, k_now, decoding, generator)  # [k'], [k', V] | None
+        draft = drafter.propose(seq, k_now, decoding, generator)  # tokens [n], q [n, V] | None, tree | None
+        drafts = draft.tokens
         t1 = clock()
         if last is not None and target.length == len(seq) - 1:
             uncached = last
         else:  # a host tensor copied without blocking: the CPU must not wait for the draft's kernels to finish
             uncached = torch.tensor(seq[target.length :], dtype=torch.long).to(device, non_blocking=True)
         fed = torch.cat([uncached, drafts]) if len(drafts) else uncached
-        logits = target.forward(fed, keep=len(drafts) + 1)  # [k'+1, V]
-        if decoding.deterministic:  # greedy, or coupled: the target's own argmax decides, whatever was drafted
-            n_accepted, nxt = greedy_rule(decoding.scores(logits, drafts)[None], drafts[None])
-        else:
-            p = decoding.probs(logits, drafts)  # [k'+1, V]: row i warped along drafts[:i]
-            n_accepted, nxt = accept_or_fix(p[None], None if q is None else q[None], drafts[None], generator)
-        n, fix, *draft_ids = torch.cat([n_accepted, nxt, drafts]).tolist()  # the round's one device -> host sync
-        last = nxt
+        layout = None if draft.chain else tree.layout(tree.with_prefix(draft.parents, len(uncached)), 0, len(fed),
+                                                      target.length, device)
+        logits = target.forward(fed, keep=len(drafts) + 1, tree=layout)  # [n+1, V]
+        if draft.chain:
+            if decoding.deterministic:  # greedy, or coupled: the target's own argmax decides, whatever was drafted
+                n_accepted, nxt = greedy_rule(decoding.scores(logits, drafts)[None], drafts[None])
+            else:
+                p = decoding.probs(logits, drafts)  # [k'+1, V]: row i warped along drafts[:i]
+                n_accepted, nxt = accept_or_fix(p[None], None if draft.q is None else draft.q[None], drafts[None],
+                                                generator)
+            n, fix, *draft_ids = torch.cat([n_accepted, nxt, drafts]).tolist()  # the round's one device -> host sync
+            path = list(range(n))
+            last = nxt
+        else:  # a token tree: the same round, its rule walks the accepted path
+            if decoding.deterministic:
+                path, fix = tree_greedy(decoding.tree_rows(logits, drafts, draft.parents, scores=True), drafts,
+                                        draft.parents)
+            else:
+                path, fix = tree_accept(decoding.tree_rows(logits, drafts, draft.parents), draft.q, drafts,
+                                        draft.parents, generator)
+            draft_ids = drafts.tolist()
+            last = None
         t2 = clock()
 
-        new, finish = cut(draft_ids[:n] + [fix], stop_ids, max_new_tokens - emitted)
+        new, finish = cut([draft_ids[i] for i in path] + [fix], stop_ids, max_new_tokens - emitted)
+        start = len(seq)  # the target cached the whole text before this round's drafts
         seq = seq + new
         emitted += len(new)
         decoding.advance(new)
         if finish is None:
-            target.rollback(len(seq) - 1)
-            drafter.rollback(len(seq) - 1)
-        reported = None if logprobs is None else token_logprobs(logits[: len(new)], new, logprobs)
-        rnd = Round(new, len(draft_ids), n, t1 - t0, t2 - t1, clock() - t0, prefill_s, finish, reported)
+            target.keep(start, [start + i for i in path])
+            drafter.rollback(len(seq) - 1, path)
+        rows = [0] + [1 + i for i in path]  # the rows that chose the emitted tokens (for a chain, 0 .. n)
+        reported = None if logprobs is None else token_logprobs(logits[rows][: len(new)], new, logprobs)
+        rnd = Round(new, len(draft_ids), len(path), t1 - t0, t2 - t1, clock() - t0, prefill_s, finish, reported)
         prefill_s = 0.0
         policy.observe(rnd)
         yield rnd

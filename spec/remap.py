@@ -27,6 +27,7 @@ import torch
 
 from spec.models import Model
 from spec.rules import sample
+from spec.tree import Draft
 from spec.warps import warp
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -163,9 +164,9 @@ class RemappedDrafter:
                 dists.append(folded / folded.sum())
             new = [token]
         ids = torch.tensor(drafts, dtype=torch.long, device=self.model.device)
-        return ids, (torch.stack(dists) if dists else None)
+        return Draft(ids, torch.stack(dists) if dists else None)
 
-    def rollback(self, length):
+    def rollback(self, length, path=()):
         # `propose` re-syncs with the true text itself; only a new request (length 0) empties the cache.
         if length == 0:
             self.model.reset()

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from spec.tree import children
+
 
 def greedy_rule(target_logits: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Keep drafts while each equals the target's argmax; then emit the argmax (the fix, or the bonus).
@@ -72,3 +74,100 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     """One token per row of probs [..., V] -> [...]."""
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+
+
+# ---- Token trees (spec/tree.py): several children per node -------------------------------------------------
+#
+# p / scores rows: row 0 is the target's distribution at the root (after the true text), row 1 + i at node i (after
+# the text and node i's path). Tokens [n] and parents (spec.tree) describe the tree; these rules return the accepted
+# path (node indices, root's child first) and the next token. They loop over the path on the host: a tree is at
+# most 64 nodes, and the loop keeps the batched chain rules above for chains.
+
+
+def tree_greedy(scores: torch.Tensor, tokens: torch.Tensor, parents: tuple[int, ...]) -> tuple[list[int], int]:
+    """Descend while the target's argmax at the node is one of its children; emit the argmax at the first node
+    where it is not (the fix), or at the leaf reached (the bonus).
+
+    scores: [n+1, V]   tokens: [n]   ->   (path, next_token)
+
+    Why this is plain greedy decoding: the row of an accepted node saw exactly the text up to it (the tree mask
+    hides every other branch), so each emitted token is the target's argmax after the true text before it. On a
+    chain it is `greedy_rule`.
+    """
+    best, ids = scores.argmax(-1).tolist(), tokens.tolist()  # the round's one device -> host sync
+    kids = children(parents)
+    path, node = [], -1
+    while True:
+        child = next((c for c in kids[node] if ids[c] == best[node + 1]), None)
+        if child is None:
+            return path, best[node + 1]
+        path.append(child)
+        node = child
+
+
+def tree_accept(p: torch.Tensor, q: torch.Tensor | None, tokens: torch.Tensor, parents: tuple[int, ...],
+                generator: torch.Generator | None = None) -> tuple[list[int], int]:
+    """Recursive rejection over each node's children (SpecInfer's multi-step speculative sampling, with the
+    without-replacement proposals of recursive speculative decoding).
+
+    p: [n+1, V] target probabilities   q: [n, V] (row i: the distribution node i was drawn from) or None
+    tokens: [n]   ->   (path, next_token)
+
+    How children must have been drawn: at each node, in node order x_1, x_2, ..., x_m, x_j from
+    q_j = q with x_1 .. x_{j-1} removed, renormalised (sampling without replacement; one child is a plain draw from
+    q), where q is the draft's distribution at that node (row i of `q` for each child i); or, with q None, chosen
+    deterministically (top-b, prompt lookup): q_j is one-hot at x_j.
+
+    The rule at a node: r_1 = p; for j = 1 .. m keep x_j with probability min(1, r_j(x_j) / q_j(x_j)) and descend
+    into it; else r_{j+1} = max(0, r_j - q_j) normalised. If no child is kept, emit a token drawn from r_{m+1}; at a
+    leaf (no children), from p.
+
+    Why the emitted token has law p: given everything drawn before trial j, x_j ~ q_j, and by induction from
+    j = m + 1 down, what trial j + 1 onward emits has law r_{j+1}, which depends on that history only, not on x_j.
+    So P(emit y) = min(q_j(y), r_j(y)) + (1 - sum_x min(q_j(x), r_j(x))) * r_{j+1}(y) = r_j(y), the identity of
+    `accept_or_fix` (both sums equal 1 - alpha), and at j = 1 it is p. Nothing a node emits depends on how its
+    children's own children were drawn: they were drawn from the draft at the child, independently of this node's
+    coins. So the next node sees the same situation with its own target row, and by the chain rule the text has
+    the target's law. Duplicates never occur: siblings are distinct, and a rejected x_j has r_{j+1}(x_j) = 0.
+
+    Acceptance: with deterministic children a node is left by a child with probability sum_j p(x_j), exactly the
+    simple exact rule "draw y from p, descend if y is a child"; with one sampled child it is sum min(p, q) >=
+    sum p q, the simple rule's; for several sampled children tests/test_tree.py compares the two exactly.
+
+    On a chain this is `accept_or_fix`, draw for draw: one uniform per node (drawn together, as there), the same
+    comparisons, and the same multinomial over the same unnormalised residual.
+    """
+    n = len(parents)
+    u = torch.rand(1, n, generator=generator, device=p.device)[0]
+    ids = tokens.tolist()
+    kids = children(parents)
+    path, node = [], -1
+    while True:
+        r = p[node + 1]
+        tried: list[int] = []
+        kept = None
+        for c in kids[node]:
+            x = ids[c]
+            if q is None:
+                q_c = None
+            else:
+                q_c = q[c]
+                if tried:  # drawn without the siblings before it
+                    q_c = q_c.index_fill(0, torch.tensor(tried, device=q_c.device), 0.0)
+                    q_c = q_c / q_c.sum()
+            if tried:
+                mass = r.sum()
+                r = r / mass if mass > 0 else p[node + 1].index_fill(0, torch.tensor(tried, device=r.device), 0.0)
+            # in the tensors' own precision, as accept_or_fix compares
+            if bool((u[c] if q_c is None else u[c] * q_c[x]) < r[x]):
+                kept = c
+                break
+            r = r.index_fill(0, torch.tensor([x], device=r.device), 0.0) if q_c is None else (r - q_c).clamp_min(0.0)
+            tried.append(x)
+        if kept is None:
+            if r.sum() <= 0:  # only rounding can empty the residual: its direction is then p itself
+                r = p[node + 1]
+            return path, int(torch.multinomial(r[None], 1, generator=generator))
+        path.append(kept)
+        node = kept
+

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from spec.tree import ancestry
+
 PENALTY_RANGE = 2.0  # OpenAI's bounds for presence and frequency penalties
 BIAS_RANGE = 100.0  # and for logit_bias values
 
@@ -233,6 +235,19 @@ class Decoding:
             return adjust(logits.float(), self.sampling, *self._counts(path, start, logits.shape[0]))
         log_p = self.probs(logits, path, start).log()
         return log_p + self.noise.rows(self.emitted + start, logits.shape[0])
+
+    def tree_rows(self, logits: torch.Tensor, tokens: torch.Tensor, parents: tuple[int, ...],
+                  scores: bool = False) -> torch.Tensor:
+        """The rows of a token tree's verify forward [n+1, V] as `scores` (or, by default, `probs`): row 0 at the
+        root, row 1 + i after node i's path, each along its own path (spec/tree.py)."""
+        choose = self.scores if scores else self.probs
+        if self.counts is None and self.noise is None:  # no row depends on its path
+            return choose(logits, tokens[:0])
+        rows = []
+        for row in range(len(parents) + 1):
+            path = tokens[ancestry(parents, row - 1)]
+            rows.append(choose(logits[row : row + 1], path, start=len(path)))
+        return torch.cat(rows)
 
     @property
     def deterministic(self) -> bool:

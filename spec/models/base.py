@@ -25,9 +25,12 @@ class ModelError(RuntimeError):
 class Model(Protocol):
     """A causal LM with its own KV cache, seen as a few calls.
 
-    - `forward(ids, keep=None)`: append ids [n] to the cached text; fp32 logits [keep or n, vocab] of the last
-      positions, cut to the vocabulary shared with the other model of the pair;
+    - `forward(ids, keep=None, tree=None)`: append ids [n] to the cached text; fp32 logits [keep or n, vocab] of the
+      last positions, cut to the vocabulary shared with the other model of the pair. With `tree` (a
+      `spec.tree.Layout`) the new tokens are token-tree nodes: their positions and what each attends come from it;
     - `rollback(length)`: forget everything after the first `length` cached positions; `reset()` = rollback(0);
+    - `keep(start, slots)`: keep the first `start` positions followed by those at `slots`, moved to be contiguous
+      (a token tree's accepted path); `keep(n)` = rollback(n);
     - `length`: cached positions; `max_length`: the most positions the cache can hold;
     - `vocab`: logit columns returned; `device`: where the logits live;
     - `weight_bytes()`: bytes one decode step reads (every parameter once);
@@ -43,9 +46,11 @@ class Model(Protocol):
     @property
     def max_length(self) -> int: ...
 
-    def forward(self, ids: Sequence[int] | torch.Tensor, keep: int | None = None) -> torch.Tensor: ...
+    def forward(self, ids: Sequence[int] | torch.Tensor, keep: int | None = None, tree=None) -> torch.Tensor: ...
 
     def rollback(self, length: int) -> None: ...
+
+    def keep(self, start: int, slots: Sequence[int] = ()) -> None: ...
 
     def reset(self) -> None: ...
 

@@ -24,6 +24,23 @@ def rollback_cache(cache, length: int) -> None:
         cache.crop(length - current)
 
 
+def select_cache(cache, start: int, slots: Sequence[int]) -> None:
+    """Keep a transformers KV cache's first `start` positions followed by the positions `slots` (ascending, each
+    >= start), moved to be contiguous; drop the rest. How a token tree's accepted path stays and its other branches
+    go. Each layer's keys and values are [batch, heads, positions, head_dim] in every transformers 5 cache layer
+    that simply appends (DynamicLayer); a sliding-window layer would need more, and is refused."""
+    current = cache.get_seq_length()
+    if any(not start <= s < current for s in slots) or list(slots) != sorted(set(slots)):
+        raise ValueError(f"cannot keep slots {list(slots)} after {start} of a cache of {current} positions")
+    index = torch.tensor(list(range(start)) + list(slots), dtype=torch.long)
+    for layer in cache.layers:
+        if type(layer).__name__ != "DynamicLayer":
+            raise ValueError(f"token trees need a cache that only appends; this model's has {type(layer).__name__}")
+        index = index.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, index)
+        layer.values = layer.values.index_select(-2, index)
+
+
 class EagerModel:
     """A causal LM plus its own KV cache (`spec.models.base.Model`).
 
@@ -47,20 +64,40 @@ class EagerModel:
         return self.model.config.get_text_config().max_position_embeddings
 
     @torch.inference_mode()
-    def forward(self, ids: Sequence[int] | torch.Tensor, keep: int | None = None) -> torch.Tensor:
+    def forward(self, ids: Sequence[int] | torch.Tensor, keep: int | None = None,
+                tree=None) -> torch.Tensor:
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).view(1, -1)
         n = ids.shape[1]
         if n == 0:
             raise ValueError("forward needs at least one new token")
         if self.length + n > self.max_length:
             raise ValueError(f"{self.name}: {self.length + n} positions exceed the context of {self.max_length}")
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=keep or n, **{self._cache_arg: self.cache})
+        extra = {}
+        if tree is not None:
+            if tree.visible.shape != (n, self.length + n):
+                raise ValueError(f"{self.name}: a tree layout of {tuple(tree.visible.shape)} for {n} new tokens on "
+                                 f"{self.length} cached ones")
+            # A 4-D additive mask goes to the attention as it is (0 = attend); the positions follow the tree depth.
+            dtype = self.model.dtype
+            mask = torch.zeros(tree.visible.shape, dtype=dtype, device=self.device)
+            mask = mask.masked_fill(~tree.visible.to(self.device), torch.finfo(dtype).min)
+            extra = {"attention_mask": mask[None, None], "position_ids": tree.positions.to(self.device)[None]}
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=keep or n, **{self._cache_arg: self.cache},
+                         **extra)
         self.cache = out[self._cache_arg]
         self.length += n
         return out.logits[0, :, : self.vocab].float()
 
     def prepare(self, tokens: int, context: int) -> None:
         """Nothing to prepare: the eager backend has no shapes to capture."""
+
+    def keep(self, start: int, slots: Sequence[int] = ()) -> None:
+        """Keep the first `start` cached positions and then those at `slots` (a token tree's accepted path)."""
+        if list(slots) == list(range(start, start + len(slots))):  # a chain's path: a plain rollback
+            self.rollback(start + len(slots))
+            return
+        select_cache(self.cache, start, slots)
+        self.length = start + len(slots)
 
     def rollback(self, length: int) -> None:
         if length == 0:

@@ -304,8 +304,11 @@ class GraphModel:
     # ---- the Model interface ---------------------------------------------------------------------------
 
     @torch.no_grad()
-    def forward(self, ids: Sequence[int] | torch.Tensor, keep: int | None = None) -> torch.Tensor:
+    def forward(self, ids: Sequence[int] | torch.Tensor, keep: int | None = None, tree=None) -> torch.Tensor:
         """Append `ids` [n] to the cached text; fp32 logits of the last `keep` (default all n) positions."""
+        if tree is not None:
+            raise ModelError(f"{self.name}: token trees run on the eager backend for now (--backend eager); the "
+                             "graph backend verifies chains")
         if not isinstance(ids, torch.Tensor):
             # non_blocking from pageable memory is staged at once and never waits for the device.
             ids = torch.tensor(list(ids), dtype=torch.long).to(self.device, non_blocking=True)
@@ -390,6 +393,12 @@ class GraphModel:
         if length < 0 or length > self.length:
             raise ValueError(f"cannot roll a cache of {self.length} positions back to {length}")
         self.length = length
+
+    def keep(self, start: int, slots: Sequence[int] = ()) -> None:
+        """Keep the first `start` positions and then `slots`; only a contiguous run (a chain's path) here."""
+        if list(slots) != list(range(start, start + len(slots))):
+            raise ModelError(f"{self.name}: the graph backend keeps only a chain's path (no token trees yet)")
+        self.rollback(start + len(slots))
 
     def reset(self) -> None:
         self.length = 0

@@ -1,0 +1,285 @@
+"""Token trees: bookkeeping, the tree forward and cache compaction against fresh forwards, the tree rules (on chains
+they are the chain rules; on toy trees a chi-square with stated power, and a naive rule that fails), and the whole
+loop with trees on the tiny pair (greedy identity, coupled identity, the joint law of the first tokens)."""
+
+import numpy as np
+import pytest
+import torch
+
+from spec import tree
+from spec.chisquare import LEVEL, POWER_GOAL, categorize, chi_square, merge_bins, pilot_power, sequence_law
+from spec.deliberately_wrong import naive_tree_accept
+from spec.dist_test import LOOP_PROMPT, loop_outputs, one_thread
+from spec.drafters import LookupDrafter, ModelDrafter, NoDrafter, lookup_continuations, make_drafter
+from spec.loop import generate
+from spec.rules import accept_or_fix, greedy_rule, tree_accept, tree_greedy
+from spec.warps import Decoding, Sampling
+
+# fp32 logits of the tiny models through differently shaped products (a tree forward against one-token steps)
+# differ by rounding only: 6e-6 measured; a wrong mask or position moves them by more than 0.1.
+FP32_SHAPES = 1e-4
+
+
+# ---- bookkeeping -----------------------------------------------------------------------------------------------
+
+
+def test_shapes_parse_and_count():
+    assert tree.parse_shape("3,2,1") == (3, 2, 1) and tree.nodes_of((3, 2, 1)) == 15
+    assert tree.widths((3, 2, 1)) == [3, 6, 6] and tree.parse_shape("chain") == (1,)
+    for bad in ["", "3,,1", "0,2", "a", "2.5", "4,4,4"]:  # 4,4,4 has 84 nodes, more than a verify holds
+        with pytest.raises(ValueError, match="shape"):
+            tree.parse_shape(bad)
+
+
+def test_a_trie_is_numbered_breadth_first_with_distinct_siblings():
+    tokens, parents = tree.from_paths([[5, 6, 9], [5, 7], [8], [5, 6]])
+    assert tokens == [5, 8, 6, 7, 9] and parents == (-1, -1, 0, 0, 2)
+    assert tree.depths(parents) == [1, 1, 2, 2, 3] and tree.ancestry(parents, 4) == [0, 2, 4]
+    assert tree.children(parents) == {-1: [0, 1], 0: [2, 3], 1: [], 2: [4], 3: [], 4: []}
+
+
+def test_layout_sees_the_text_and_the_ancestors_only():
+    parents = (-1, -1, 0)
+    positions, visible = tree.layout(parents, 1, 2, start=4)  # nodes 1 and 2; node 0 is cached at slot 4
+    assert positions.tolist() == [4, 5]  # depth 1 and depth 2 after a text of 4
+    assert visible.tolist() == [[True] * 4 + [False, True, False], [True] * 4 + [True, False, True]]
+    prefixed = tree.with_prefix(parents, 2)  # two uncached true tokens before the tree
+    assert prefixed == (-1, 0, 1, 1, 2) and tree.is_chain(tree.chain(4)) and not tree.is_chain(parents)
+
+
+def test_lookup_offers_several_continuations():
+    seq = [5, 6, 7, 5, 6, 8, 5, 6]
+    assert lookup_continuations(seq, 1, branches=2) == [[8], [7]]
+    assert lookup_continuations(seq, 2, branches=3) == [[8, 5], [7, 5]]  # only two earlier matches of (5, 6)
+    draft = LookupDrafter(branches=2).propose(seq, 2, Decoding(Sampling()), None)
+    assert draft.tokens.tolist() == [8, 7, 5, 5] and draft.parents == (-1, -1, 0, 1) and draft.q is None
+
+
+# ---- the tree forward and the caches -----------------------------------------------------------------------------
+
+
+def test_a_tree_forward_scores_every_branch_as_a_fresh_forward_would(tiny):
+    model = tiny.target
+    text = [72, 101, 108, 108, 111]
+    tokens, parents = [32, 44, 119, 33, 119, 10], (-1, -1, 0, 0, 1, 2)
+    model.reset()
+    model.forward(text, keep=1)
+    rows = model.forward(tokens, tree=tree.layout(parents, 0, 6, len(text)))
+    for node in range(6):
+        path = [tokens[a] for a in tree.ancestry(parents, node)]
+        model.reset()
+        fresh = model.forward(text + path)[-1]
+        assert (rows[node] - fresh).abs().max() < FP32_SHAPES
+    model.reset()
+
+
+def test_keeping_the_accepted_path_leaves_the_cache_of_the_accepted_text(tiny):
+    model = tiny.target
+    text = [72, 101, 108, 108, 111]
+    tokens, parents = [32, 44, 119, 33, 119, 10], (-1, -1, 0, 0, 1, 2)
+    model.reset()
+    model.forward(text, keep=1)
+    model.forward(tokens, tree=tree.layout(parents, 0, 6, len(text)))
+    path = [0, 2, 5]  # 32, 119, 10: slots 5, 7, 10
+    model.keep(len(text), [len(text) + i for i in path])
+    assert model.length == len(text) + 3
+    after = model.forward([101, 114])
+    model.reset()
+    fresh = model.forward(text + [32, 119, 10, 101, 114])[-2:]
+    assert (after - fresh).abs().max() < FP32_SHAPES
+    model.reset()
+    with pytest.raises(ValueError, match="slots"):
+        model.forward(text)
+        model.keep(2, [1])
+
+
+def test_a_tree_drafter_keeps_its_accepted_path_like_a_fresh_drafter(tiny):
+    """After a tree round the draft cache holds the accepted nodes only: the next proposal is the one a fresh
+    drafter makes from the true text."""
+    decoding = Decoding(Sampling())
+    prompt = list(b"def add(a, b):")
+    drafter = ModelDrafter(tiny.draft, (2, 2, 1))
+    drafter.rollback(0)
+    drafter.prefill(prompt[:-1])
+    first = drafter.propose(prompt, 3, decoding, None)
+    assert len(first.tokens) == 2 + 4 + 4 and first.parents == (-1, -1, 0, 0, 1, 1, 2, 3, 4, 5)
+    path = [1, 4]  # the second child of the root, then its first child: both fed to the draft
+    seq = prompt + [int(first.tokens[1]), int(first.tokens[4]), 65]
+    drafter.rollback(len(seq) - 1, path)
+    again = drafter.propose(seq, 3, decoding, None)
+    fresh = ModelDrafter(tiny.draft, (2, 2, 1))
+    fresh.rollback(0)
+    fresh.prefill(seq[:-1])
+    assert again.tokens.tolist() == fresh.propose(seq, 3, decoding, None).tokens.tolist()
+    tiny.draft.reset()
+
+
+# ---- the rules on hand-built rows --------------------------------------------------------------------------------
+
+
+def test_tree_greedy_descends_while_the_argmax_is_a_child():
+    tokens, parents = torch.tensor([7, 4, 3, 9]), (-1, -1, 1, 1)  # root: 7, 4; node 1 (4): 3, 9
+    scores = torch.zeros(5, 10)
+    scores[0, 4] = scores[2, 9] = scores[4, 1] = 1.0  # root -> 4 (node 1) -> 9 (node 3) -> bonus 1
+    assert tree_greedy(scores, tokens, parents) == ([1, 3], 1)
+    scores[2, 9], scores[2, 5] = 0.0, 1.0  # at node 1 the target wants 5: not a child
+    assert tree_greedy(scores, tokens, parents) == ([1], 5)
+
+
+def test_on_chains_the_tree_rules_are_the_chain_rules_draw_for_draw():
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        k, vocab = int(torch.randint(1, 6, (), generator=gen)), 8
+        p = torch.rand(k + 1, vocab, generator=gen).pow(3).softmax(-1)
+        q = torch.rand(k, vocab, generator=gen).pow(3).softmax(-1)
+        drafts = torch.multinomial(q, 1, generator=gen).squeeze(1)
+        if trial % 3 == 0:
+            drafts[: k // 2] = p[: k // 2].argmax(-1)  # long accepted runs too
+        n, nxt = greedy_rule(p[None], drafts[None])
+        assert tree_greedy(p, drafts, tree.chain(k)) == (list(range(int(n))), int(nxt))
+        for one_hot in (False, True):
+            q_rows = None if one_hot else q
+            n, nxt = accept_or_fix(p[None], None if one_hot else q[None], drafts[None],
+                                   torch.Generator().manual_seed(trial))
+            got = tree_accept(p, q_rows, drafts, tree.chain(k), torch.Generator().manual_seed(trial))
+            assert got == (list(range(int(n))), int(nxt))
+
+
+# A toy world of 6 tokens, two positions deep: the target's p0 at the root and p1[a] after token a; the draft's q0
+# and q1[a]. Trees of shape (3, 2) are drawn as the draft model draws them (top-b, or b draws without replacement).
+V = 6
+P0 = torch.tensor([0.30, 0.25, 0.20, 0.12, 0.08, 0.05], dtype=torch.float64)
+Q0 = torch.tensor([0.10, 0.35, 0.05, 0.30, 0.15, 0.05], dtype=torch.float64)
+P1 = torch.stack([P0.roll(a) for a in range(V)])
+Q1 = torch.stack([Q0.roll(2 * a) for a in range(V)])
+LEAF = torch.full((V,), 1.0 / V, dtype=torch.float64)  # the target after two tokens (only the bonus uses it)
+TOY_N = 20_000
+
+
+def toy_tree(sampled: bool, gen: torch.Generator, shape=(3, 2)):
+    """(tokens, parents, q, p) of one tree drawn by the drafter's own child rule in the toy world."""
+    decoding = Decoding(Sampling(1.0) if sampled else Sampling())
+    tokens, parents, qs, ps = [], [], [], [P0]
+    frontier = [(-1, Q0, P1)]
+    for depth, branching in enumerate(shape):
+        grown = []
+        for node, q_row, p_next in frontier:
+            picked, q = ModelDrafter._children(q_row.log().float(), [], depth, branching, decoding, gen)
+            for token in picked.tolist():
+                tokens.append(token)
+                parents.append(node)
+                qs.append(q)
+                ps.append(p_next[token] if depth == 0 else LEAF)
+                grown.append((len(tokens) - 1, Q1[token], None))
+        frontier = grown
+    return torch.tensor(tokens), tuple(parents), (torch.stack(qs) if sampled else None), torch.stack(ps)
+
+
+def first_two(rule, sampled: bool, n: int, seed: int) -> np.ndarray:
+    """Categories a * V + b of the first two tokens of n rounds (a second token drawn from p1 when a round emits
+    one), and the rounds that left the root by a child."""
+    gen = torch.Generator().manual_seed(seed)
+    cats, left = [], 0
+    for _ in range(n):
+        tokens, parents, q, p = toy_tree(sampled, gen)
+        path, nxt = rule(p, q, tokens, parents, gen)
+        out = [int(tokens[i]) for i in path] + [nxt]
+        if len(out) == 1:
+            out.append(int(torch.multinomial(P1[out[0]][None], 1, generator=gen)))
+        cats.append(out[0] * V + out[1])
+        left += bool(path)
+    return np.array(cats), left / n
+
+
+JOINT = (P0[:, None] * P1).flatten().numpy()
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["top-b children", "sampled children"])
+def test_the_tree_rule_gives_the_targets_joint_law_and_a_naive_rule_does_not(sampled):
+    """Chi-square of the first two tokens (36 cells) over 20000 toy rounds: the rule passes; the naive rule (keep
+    the first child with min(1, p/q), else draw from p) fails, with its power from an independent pilot."""
+    bins = merge_bins(JOINT, TOY_N)
+    cats, _ = first_two(tree_accept, sampled, TOY_N, 0)
+    assert chi_square(cats, JOINT, bins)[2] >= LEVEL
+    naive, _ = first_two(naive_tree_accept, sampled, TOY_N, 1)
+    pilot, _ = first_two(naive_tree_accept, sampled, TOY_N, 2)
+    assert pilot_power(pilot, JOINT, bins, TOY_N) >= POWER_GOAL
+    assert chi_square(naive, JOINT, bins)[2] < LEVEL
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["top-b children", "sampled children"])
+def test_the_tree_rule_leaves_the_root_at_least_as_often_as_the_simple_rule(sampled):
+    """The simple exact rule draws y from p0 and descends if y is a child: it leaves the root with probability
+    E[p0(children)], computed here over the same kind of trees. With top-b children the two are equal (both sum p0
+    over q0's top 3 tokens: 0.25 + 0.12 + 0.08); with sampled children the rule does better. Bounds: 4 standard
+    errors of the two estimates (a false failure under 1e-4)."""
+    gen = torch.Generator().manual_seed(3)
+    simple = np.array([float(P0[toy_tree(sampled, gen)[0][:3]].sum()) for _ in range(4000)])
+    _, left = first_two(tree_accept, sampled, TOY_N, 4)
+    se = (left * (1 - left) / TOY_N + simple.var() / len(simple)) ** 0.5
+    if sampled:
+        assert left >= simple.mean() - 4 * se
+        assert left > 0.65 + 4 * se  # one sampled child leaves with sum min(p0, q0) = 0.65; three do better
+    else:
+        assert simple.mean() == pytest.approx(0.45)  # float64 sums of literals
+        assert abs(left - 0.45) <= 4 * se
+
+
+# ---- the whole loop with trees on the tiny pair ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 1), (3, 1, 1, 1), (4,), (2, 2, 2, 2)])
+def test_greedy_trees_write_plain_decodings_text(tiny, shape):
+    prompt = list(b"def fibonacci(n):\n    ")
+    plain = generate(tiny.target, NoDrafter(), prompt, 40, k=0).tokens
+    result = generate(tiny.target, ModelDrafter(tiny.draft, shape), prompt, 40, k=len(shape))
+    assert result.tokens == plain and result.accepted > 0
+    assert max(r.drafted for r in result.rounds) == tree.nodes_of(shape)  # whole trees were verified
+
+
+def test_lookup_trees_write_plain_decodings_text(tiny):
+    prompt = list(b"x = [1, 2, 3]\ny = [1, 2, 4]\nz = [1, 2, 5]\nw = [1, 2")
+    plain = generate(tiny.target, NoDrafter(), prompt, 30, k=0).tokens
+    result = generate(tiny.target, LookupDrafter(branches=3), prompt, 30, k=4)
+    assert result.tokens == plain and any(r.drafted > 4 for r in result.rounds)  # some rounds were real trees
+
+
+def test_coupled_sampling_with_trees_is_the_text_of_coupled_plain_decoding(tiny):
+    sampling = Sampling(1.0, top_p=0.9, presence_penalty=0.5, coupled=True)
+    prompt = list(b"The quick brown fox")
+    for seed in (0, 1):
+        plain = generate(tiny.target, NoDrafter(), prompt, 24, k=0, sampling=sampling, seed=seed).tokens
+        tree_run = generate(tiny.target, ModelDrafter(tiny.draft, (3, 2, 1)), prompt, 24, k=3, sampling=sampling,
+                            seed=seed).tokens
+        assert tree_run == plain
+
+
+def test_greedy_trees_with_penalties_warp_each_node_along_its_own_path(tiny):
+    sampling = Sampling(presence_penalty=1.5, repetition_penalty=1.3)
+    prompt = list(b"aaaa bbbb aaaa bbbb")
+    plain = generate(tiny.target, NoDrafter(), prompt, 30, k=0, sampling=sampling).tokens
+    assert generate(tiny.target, ModelDrafter(tiny.draft, (2, 2, 2)), prompt, 30, k=3, sampling=sampling).tokens \
+        == plain
+
+
+LOOP_N = 400  # generations, as tests/test_dist.py's loop test
+
+
+@one_thread()
+def test_sampled_trees_in_the_whole_loop_follow_the_targets_law_of_the_first_tokens(tiny):
+    """The first 3 tokens of 400 sampled generations (temperature 1.5, tree (3, 2)) against the target's exact law
+    of its first 3 tokens, as tests/test_dist.py checks the chain."""
+    sampling = Sampling(1.5)
+    prompt = tiny.tokenizer(LOOP_PROMPT).input_ids
+    nodes, probs = sequence_law(tiny.target, prompt, 3, sampling, LOOP_N)
+    bins = merge_bins(probs, LOOP_N)
+    outputs = loop_outputs(tiny.target, ModelDrafter(tiny.draft, (3, 2)), prompt, 3, 2, sampling, LOOP_N, 0,
+                           "tree loop")
+    assert chi_square(categorize(outputs, nodes, 3), probs, bins)[2] >= LEVEL
+
+
+def test_trees_need_a_draft_of_the_targets_tokenizer(tiny):
+    pair = type("Remapped", (), {"draft": tiny.draft, "draft_tokenizer": object(), "tokenizer": None,
+                                 "target": tiny.target})()
+    with pytest.raises(ValueError, match="tokenizer"):
+        make_drafter("draft", pair, shape=(2, 1))
