@@ -127,6 +127,69 @@ def best_k(alpha: float, c: float, max_k: int, verify: Verify = 1.0, ks=None) ->
     return best
 
 
+# ---- Token trees (spec/tree.py) --------------------------------------------------------------------------------
+#
+# A tree of static shape (b_1, .., b_D) emits 1 + (its accepted depth) tokens a round. Its expected accepted depth
+# is the sum over nodes of each node's path-acceptance probability. Under greedy decoding with top-b children the
+# node reached at depth d is accepted when the target's token there is among the draft's top b_d: if the draft's
+# rank of the target's token is r with probability a_r, independently at each position, a depth-d node of rank path
+# (r_1, .., r_d) is accepted with probability a_{r_1} .. a_{r_d}, and summing over a depth's nodes gives
+# A(b_1) .. A(b_d) with A(b) = a_0 + .. + a_{b-1}. A chain is b = 1: A(1) = alpha, the formula above. As with the
+# chain, real text clusters its agreements, so `replayed_tree_tokens` replays measured ranks instead.
+
+
+def tree_tokens(shape, rank_probs) -> float:
+    """Expected tokens per round of a static tree with independent ranks: 1 + sum_d prod_{i <= d} A(b_i).
+    rank_probs[r]: probability that the target's token is the draft's r-th choice (0 = its argmax)."""
+    total, reach = 1.0, 1.0
+    for b in shape:
+        reach *= sum(rank_probs[:b])
+        total += reach
+    return total
+
+
+def replayed_tree_tokens(ranks: list[int], shape) -> tuple[int, int]:
+    """(tokens, rounds) a static tree would take over a greedy text whose token j has rank ranks[j] among the
+    draft's choices after the true text before it: each round descends while the rank at depth d is below b_d,
+    and emits one token more (the fix, or the bonus)."""
+    start = rounds = 0
+    while start < len(ranks):
+        depth = 0
+        while depth < len(shape) and start + depth < len(ranks) - 1 and ranks[start + depth] < shape[depth]:
+            depth += 1
+        start, rounds = start + depth + 1, rounds + 1
+    return len(ranks), rounds
+
+
+def tree_round_cost(shape, draft_cost: Mapping[int, float], verify: Mapping[int, float]) -> float:
+    """One round of a static tree in target steps: D draft forwards (the first over the one new true token, then
+    one over each depth's nodes but the last) and one target forward over the nodes plus the true token.
+    draft_cost[w]: a draft forward of w tokens; verify[n]: a target forward of n tokens (verify[1] = 1)."""
+    widths, width = [], 1
+    for b in shape:
+        width *= b
+        widths.append(width)
+    return draft_cost[1] + sum(draft_cost[w] for w in widths[:-1]) + verify[sum(widths) + 1]
+
+
+def tree_shapes(max_nodes: int, max_depth: int, max_branch: int = 4) -> list[tuple[int, ...]]:
+    """Every static shape with non-increasing branching (wider near the root, where acceptance is likeliest),
+    b <= max_branch, depth <= max_depth and at most max_nodes nodes; chains included."""
+    out = []
+
+    def grow(shape, nodes, width):
+        if shape:
+            out.append(shape)
+        if len(shape) == max_depth:
+            return
+        for b in range(1, min(max_branch, shape[-1] if shape else max_branch) + 1):
+            if nodes + width * b <= max_nodes:
+                grow((*shape, b), nodes + width * b, width * b)
+
+    grow((), 0, 1)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m spec.calc",

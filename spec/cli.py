@@ -9,6 +9,7 @@ from spec import log
 from spec.models import BACKENDS, PAIR_CHOICES, PAIRS, ModelError, Pair, load_pair
 from spec.models.quant import QUANTS
 from spec.policy import parse_k
+from spec.tree import parse_shape
 
 
 def add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None:
@@ -47,16 +48,39 @@ def add_run_args(parser: argparse.ArgumentParser, prompts: str | None, limit: in
     g.add_argument("--k", type=parse_k, default=k,
                    help=f"draft tokens per round: a number (default {k}; 0 = plain decoding), or auto / auto:N for "
                         "adaptive K up to N (default 8), learned over the prompt set")
+    add_tree_arg(g)
+
+
+def add_tree_arg(group) -> None:
+    group.add_argument("--tree", type=parse_shape, default=None, metavar="B1,B2,...",
+                       help=TREE_HELP)
+
+
+TREE_HELP = ("a token tree instead of a chain: the branching per depth, e.g. 3,2,1 (3 children of the root, 2 of "
+             "each, 1 of each: 15 nodes, 3 deep; at most K deep and 64 nodes); with prompt lookup its first number "
+             "is the number of earlier matches offered as branches. Eager backend (docs/trees.md)")
+
+
+def check_tree(args: argparse.Namespace, pair: Pair) -> None:
+    """Token trees need the eager backend and a fixed K (the tree's depth is at most K)."""
+    if getattr(args, "tree", None) is None:
+        return
+    if not isinstance(args.k, int):
+        sys.exit("error: --tree needs a fixed --k (the tree is at most K deep); adaptive K chooses chains")
+    if pair.target.__class__.__name__ == "GraphModel":
+        sys.exit("error: token trees run on the eager backend for now: add --backend eager")
 
 
 def load_from_args(args: argparse.Namespace, with_draft: bool = True) -> Pair:
     """Load the pair the flags name; model errors end the program with their message, not a traceback."""
     log.QUIET = getattr(args, "quiet", False)
     try:
-        return load_pair(
+        pair = load_pair(
             args.pair, target=args.target, draft=getattr(args, "draft", None), device=args.device, dtype=args.dtype,
             with_draft=with_draft, allow_other_family=getattr(args, "allow_other_family", False),
             backend=args.backend, draft_quant=getattr(args, "draft_quant", "none"),
         )
     except ModelError as err:
         sys.exit(f"error: {err}")
+    check_tree(args, pair)
+    return pair

@@ -31,6 +31,7 @@ class Setup:
     sampling: Sampling = Sampling()
     seed: int = 0
     compare_hf: bool = False
+    tree: tuple[int, ...] | None = None  # a token tree's branching per depth (spec/tree.py), None for a chain
 
 
 def timed(fn, device):
@@ -83,10 +84,11 @@ logging.getLogger("transformers.generation.utils").addFilter(_AssistantConfigWar
 
 
 def run_loop(pair: Pair, method: str, k: int | KPolicy, ids: list[int], max_new_tokens: int,
-             sampling: Sampling = Sampling(), seed: int = 0) -> Result:
-    """One generation by our loop: `method` draft, lookup or none (plain decoding), a seeded generator."""
+             sampling: Sampling = Sampling(), seed: int = 0, tree: tuple[int, ...] | None = None) -> Result:
+    """One generation by our loop: `method` draft, lookup or none (plain decoding), a seeded generator; `tree`
+    drafts token trees of that shape."""
     generator = torch.Generator(device=pair.device).manual_seed(seed)
-    return generate(pair.target, make_drafter(method, pair), ids, max_new_tokens, k=k, sampling=sampling,
+    return generate(pair.target, make_drafter(method, pair, shape=tree), ids, max_new_tokens, k=k, sampling=sampling,
                     generator=generator, eos=pair.eos, seed=seed)
 
 
@@ -115,7 +117,8 @@ def run_prompt(pair: Pair, prompt: dict, setup: Setup, k: int | KPolicy) -> dict
     ids = chat_ids(pair.tokenizer, prompt["prompt"])
     n = setup.max_new_tokens
     plain, plain_s = timed(lambda: run_loop(pair, "none", 0, ids, n, setup.sampling, setup.seed), pair.device)
-    spec, spec_s = timed(lambda: run_loop(pair, setup.method, k, ids, n, setup.sampling, setup.seed), pair.device)
+    spec, spec_s = timed(lambda: run_loop(pair, setup.method, k, ids, n, setup.sampling, setup.seed, setup.tree),
+                         pair.device)
     row = {
         "id": prompt["id"], "prompt_tokens": len(ids), "tokens": len(spec.tokens), "plain_tokens": len(plain.tokens),
         "alpha": spec.alpha, "tokens_per_round": spec.tokens_per_round,

@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--max-new-tokens must be >= 1")
     sets = {name: load_prompts(name)[: args.limit or None] for name in args.sets.split(",")}
     pair = load_from_args(args, with_draft=False)
-    setup = Setup(method="lookup", k=args.k, max_new_tokens=args.max_new_tokens, compare_hf=args.compare_hf)
+    setup = Setup(method="lookup", k=args.k, max_new_tokens=args.max_new_tokens, compare_hf=args.compare_hf,
+                  tree=args.tree)
     results, by_set, totals = Results("lookup"), {}, []
     for name, prompts in sets.items():
         rows, total = run_set(pair, prompts, setup, desc=name, results=results, tag={"set": name})

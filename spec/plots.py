@@ -87,3 +87,25 @@ def bench_engine(data: dict, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def tree_sweep(result: dict, path: Path) -> None:
+    """Measured against predicted, per shape run: tokens per target forward (left) and decode speedup (right)."""
+    rows = result["measured"]
+    names = [r["shape"] for r in rows]
+    x = range(len(rows))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, label in ((left, "tokens_per_forward", "tokens per target forward"),
+                           (right, "speedup", "decode speedup over plain")):
+        ax.bar([i - 0.2 for i in x], [r[key] for r in rows], 0.4, label="measured")
+        ax.bar([i + 0.2 for i in x], [r[f"predicted_{key}"] for r in rows], 0.4, label="predicted", alpha=0.6)
+        ax.set_xticks(list(x), names, rotation=20, fontsize=8)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+    right.axhline(1.0, color="grey", lw=1)
+    left.set_xlabel("shape (branching per depth; 1,1,1,1 is the chain at K = 4)")
+    fig.suptitle(f"chain vs token trees: {result['pair']} on {result['device']} ({result['dtype']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

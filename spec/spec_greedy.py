@@ -41,12 +41,14 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--max-new-tokens must be >= 1")
     prompts = load_prompts(args.prompts)[: args.limit or None]
     pair = load_from_args(args, with_draft=args.method == "draft" or args.compare_hf)
-    setup = Setup(method=args.method, k=args.k, max_new_tokens=args.max_new_tokens, compare_hf=args.compare_hf)
+    setup = Setup(method=args.method, k=args.k, max_new_tokens=args.max_new_tokens, compare_hf=args.compare_hf,
+                  tree=args.tree)
     results = Results("spec_greedy")
     rows, total = run_set(pair, prompts, setup, desc="greedy", results=results)
     dtype = dtype_name(pair.dtype)
 
-    print(f"\n{pair.name}: greedy, method {args.method}, K = {k_label(args.k)}, {len(prompts)} prompts x up to "
+    print(f"\n{pair.name}: greedy, method {args.method}, K = {k_label(args.k)}"
+          + (f", tree {','.join(map(str, args.tree))}" if args.tree else "") + f", {len(prompts)} prompts x up to "
           f"{args.max_new_tokens} tokens, {pair.device} {dtype}"
           + (f", {pair.draft_quant} draft" if pair.draft_quant != "none" else ""))
     print_rows(rows, total, args.compare_hf)

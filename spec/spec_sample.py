@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
     pair = load_from_args(args, with_draft=args.method == "draft" or args.compare_hf)
     sampling = args.sampling
     setup = Setup(method=args.method, k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling,
-                  seed=args.seed, compare_hf=args.compare_hf)
+                  seed=args.seed, compare_hf=args.compare_hf, tree=args.tree)
     results = Results("spec_sample")
     args.sampling = sampling.describe()  # for the JSON's args
     if args.coupled:
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     reproducible = None
     if isinstance(args.k, int):
         ids = chat_ids(pair.tokenizer, prompts[0]["prompt"])
-        again = run_loop(pair, args.method, args.k, ids, args.max_new_tokens, sampling, args.seed)
+        again = run_loop(pair, args.method, args.k, ids, args.max_new_tokens, sampling, args.seed, args.tree)
         reproducible = again.tokens == rows[0]["spec_tokens"]
     print(f"\n{pair.name}: sampling {sampling.describe()}, seed={args.seed}, method {args.method}, "
           f"K = {k_label(args.k)}, {pair.device} {dtype_name(pair.dtype)}")

@@ -4,7 +4,10 @@ import random
 
 import pytest
 
-from spec import calc
+from spec import calc, tree
+from spec.drafters import ModelDrafter, NoDrafter
+from spec.loop import generate
+from spec.tree_sweep import ranks_of
 
 
 @pytest.mark.parametrize("alpha, c, best, gain", [
@@ -116,3 +119,50 @@ def test_replaying_independent_agreements_matches_the_formula():
     rounds = calc.replayed_rounds(agree, 4, 0.7)
     # ~72k rounds, tokens per round sd ~1.3: the mean within 0.03 is 6 standard errors
     assert len(agree) / rounds == pytest.approx(calc.expected_tokens(0.7, 4), abs=0.03)
+
+
+# ---- token trees -------------------------------------------------------------------------------------------------
+
+
+def test_a_chain_is_the_tree_calculators_special_case():
+    for alpha in (0.0, 0.5, 0.9):
+        for k in range(1, 7):
+            assert calc.tree_tokens((1,) * k, [alpha, 0.1, 0.05]) == pytest.approx(calc.expected_tokens(alpha, k))
+    draft = {1: 0.1}
+    verify = {n: 1 + 0.02 * (n - 1) for n in range(1, 20)}
+    assert calc.tree_round_cost((1, 1, 1, 1), draft, verify) == pytest.approx(calc.round_cost(4, 0.1, verify[5]))
+
+
+def test_tree_tokens_sums_the_path_acceptance_of_every_node():
+    a = [0.6, 0.2, 0.1]
+    # shape (2, 1): 2 depth-1 nodes (0.6 + 0.2) and their children (each 0.6 more): 1 + 0.8 + 0.8 * 0.6
+    assert calc.tree_tokens((2, 1), a) == pytest.approx(1 + 0.8 + 0.48)
+    assert calc.tree_tokens((3, 2), a) == pytest.approx(1 + 0.9 + 0.9 * 0.8)
+
+
+def test_replaying_ranks_walks_rounds_as_a_greedy_tree_would():
+    ranks = [0, 0, 1, 0, 3, 0, 0, 0]
+    # (2, 1): [0, 0] + bonus; [0 (rank 0 < 2), 3 (not < 1)] -> 1 + fix; [0, 0] + bonus -> 3 rounds for 8 tokens
+    assert calc.replayed_tree_tokens(ranks, (2, 1)) == (8, 3)
+    # K = 1: [0] + 1 (the rank-1 token is emitted as the fix: the target's own), [0] + 3, [0] + 0, and the last
+    assert calc.replayed_tree_tokens(ranks, (1,)) == (8, 5)
+    # Over [1, 0, 0, 2, 0] the chain (1, 1) rejects the first token; the tree (3, 1) keeps it and the next
+    assert calc.replayed_tree_tokens([1, 0, 0, 2, 0], (1, 1)) == (5, 3)
+    assert calc.replayed_tree_tokens([1, 0, 0, 2, 0], (3, 1)) == (5, 2)
+
+
+def test_tree_shapes_are_non_increasing_and_within_budget():
+    shapes = calc.tree_shapes(16, 8)
+    assert (1,) * 8 in shapes and (2, 1, 1, 1, 1, 1, 1, 1) in shapes and (4, 3) in shapes
+    assert all(list(s) == sorted(s, reverse=True) and tree.nodes_of(s) <= 16 and len(s) <= 8 for s in shapes)
+    assert (1, 2) not in shapes and (4, 4) not in shapes  # widening, and 4 + 16 nodes
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 1), (3, 2, 1), (1, 1, 1, 1)])
+def test_the_replay_predicts_a_greedy_tree_runs_tokens_per_forward_exactly(tiny, shape):
+    """fp32: the ranks from one draft forward over plain decoding's text replay every round of the real loop."""
+    prompt = list(b"def fibonacci(n):\n    ")
+    plain = generate(tiny.target, NoDrafter(), prompt, 40, k=0).tokens
+    run = generate(tiny.target, ModelDrafter(tiny.draft, shape), prompt, 40, k=len(shape))
+    assert run.tokens == plain
+    assert calc.replayed_tree_tokens(ranks_of(tiny, prompt, plain), shape) == (40, len(run.rounds))

@@ -9,7 +9,7 @@ import sys
 import uvicorn
 
 from spec import log
-from spec.cli import add_model_args, load_from_args
+from spec.cli import add_model_args, add_tree_arg, load_from_args
 from spec.models import resolve_pair
 from spec.policy import parse_k
 from spec.serving.app import create_app
@@ -40,6 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="where drafts come from: the draft model, prompt lookup, or none (plain decoding)")
     g.add_argument("--k", default=4, type=parse_k, help="drafts per round: an integer, or auto / auto:MAX "
                    "(adaptive K, chosen each round from measured acceptance and costs)")
+    add_tree_arg(g)
     g = parser.add_argument_group("serving")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 exposes it)")
     g.add_argument("--port", type=int, default=8000)
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     log.QUIET = args.quiet
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
-    engine = Engine(args.method, args.k, args.queue, args.request_timeout)
+    engine = Engine(args.method, args.k, args.queue, args.request_timeout, args.tree)
     model_name = args.served_model_name or args.target or resolve_pair(args.pair)[0]
     failed = []
 

@@ -93,8 +93,9 @@ class Engine:
     has run out of grace.
     """
 
-    def __init__(self, method: str, k, queue_size: int, request_timeout: float):
+    def __init__(self, method: str, k, queue_size: int, request_timeout: float, tree: tuple[int, ...] | None = None):
         self.method = method
+        self.tree = tree  # a token tree's branching per depth (spec/tree.py), or None for chains
         self.k = k  # an int, or a factory of an adaptive KPolicy (spec.policy.parse_k)
         # One adaptive policy per decoding mode, kept across requests: its estimates of alpha and c stay valid from
         # one request to the next (same models, same machine), and greedy and sampling accept at different rates.
@@ -128,13 +129,13 @@ class Engine:
         max_k = 0 if self.method == "none" else self.k if isinstance(self.k, int) else self.k().max_k
         pair.prepare(max_k, min(context, pair.target.max_length))
         prompt = pair.tokenizer("Hello").input_ids or [0]
-        for _ in speculate(pair.target, make_drafter(self.method, pair), prompt, 4, k=max_k, eos=()):
+        for _ in speculate(pair.target, make_drafter(self.method, pair, shape=self.tree), prompt, 4, k=max_k, eos=()):
             pass
 
     def start(self, pair: Pair) -> None:
         self.pair = pair
         self.speller = TokenSpeller(pair.tokenizer)
-        self.drafter = make_drafter(self.method, pair)
+        self.drafter = make_drafter(self.method, pair, shape=self.tree)
         self.thread = threading.Thread(target=self._work, name="spec-worker", daemon=True)
         self.thread.start()
 

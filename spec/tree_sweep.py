@@ -1,0 +1,186 @@
+"""Chains against token trees on real text: the tree calculator's prediction for every static shape, and measured runs
+of the chain at K = 4 and the shapes it picks, side by side.
+
+    python -m spec.tree_sweep --pair qwen-coder --prompts code --limit 3 --max-new-tokens 64
+
+How the prediction is made (spec/calc.py): one plain greedy run per prompt gives the target's text; one draft forward
+over that text gives, at every position, the rank of the target's token among the draft's choices. Under greedy
+decoding a tree of top-b children accepts depth d exactly when that rank is below b_d, so replaying the ranks gives
+each shape's tokens per target forward without running it. Timed forwards of the draft (over 1..8 tokens) and of
+the target (over 1..nodes+1 tokens) give each shape's round cost, in target steps. Then the chain at K = 4, the best
+chain, the best tree by predicted speed and the tree with the most tokens per forward (within --max-nodes) run
+for real through the loop: tokens per target forward, decode speed against plain decoding, and identity.
+
+Writes results/tree_sweep-<time>.json (+ .jsonl rows as they finish, + .png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from spec import calc, log, plots
+from spec.cli import add_model_args, load_from_args
+from spec.harness import explain_divergence, forward_times, run_loop
+from spec.io import Results, load_prompts, table
+from spec.models import chat_ids, dtype_name
+from spec.tree import nodes_of, parse_shape, widths
+
+
+def ranks_of(pair, ids: list[int], tokens: list[int]) -> list[int]:
+    """The draft's rank of each generated token (0 = its argmax) after the true text before it: one forward."""
+    pair.draft.reset()
+    logits = pair.draft.forward(ids + tokens[:-1], keep=len(tokens))  # row j predicts tokens[j]
+    pair.draft.reset()
+    chosen = logits.gather(1, torch.tensor(tokens, device=logits.device)[:, None])
+    return (logits > chosen).sum(-1).tolist()
+
+
+def costs(pair, context: list[int], max_width: int, max_tokens: int, trials: int) -> tuple[dict, dict, float]:
+    """(draft forward of w tokens, target forward of n tokens), both in target steps, and the step in seconds."""
+    with log.bar(total=max_width + max_tokens, desc="timing forwards") as bar:
+        target = {}
+        for n in range(1, max_tokens + 1):
+            target[n] = statistics.median(forward_times(pair.target, context, context[-n:], trials))
+            bar.update()
+        draft = {}
+        for w in range(1, max_width + 1):
+            draft[w] = statistics.median(forward_times(pair.draft, context, context[-w:], trials))
+            bar.update()
+    pair.target.reset()
+    pair.draft.reset()
+    step = target[1]
+    return {w: s / step for w, s in draft.items()}, {n: s / step for n, s in target.items()}, step
+
+
+def predict(shapes, texts: list[list[int]], draft_cost: dict, verify: dict) -> list[dict]:
+    """Each shape's replayed tokens per target forward, its round cost and predicted decode speedup."""
+    out = []
+    for shape in shapes:
+        tokens = rounds = 0
+        for ranks in texts:
+            t, r = calc.replayed_tree_tokens(ranks, shape)
+            tokens, rounds = tokens + t, rounds + r
+        per_round = tokens / rounds
+        cost = calc.tree_round_cost(shape, draft_cost, verify)
+        out.append({"shape": ",".join(map(str, shape)), "depth": len(shape), "nodes": nodes_of(shape),
+                    "chain": set(shape) == {1}, "tokens_per_forward": per_round, "cost_steps": cost,
+                    "predicted_speedup": per_round / cost})
+    return out
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m spec.tree_sweep", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(parser)
+    g = parser.add_argument_group("run")
+    g.add_argument("--prompts", default="code", help="prompt set in prompts/ or a .jsonl path (default code)")
+    g.add_argument("--limit", type=int, default=3, help="use the first N prompts (default 3; 0 = all)")
+    g.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    g.add_argument("--max-nodes", type=int, default=16, help="largest tree considered, in nodes (default 16)")
+    g.add_argument("--max-depth", type=int, default=8, help="deepest tree considered (default 8)")
+    g.add_argument("--trees", type=lambda text: [parse_shape(t) for t in text.split(";") if t.strip()],
+                   default=[], help="more shapes to run, ';'-separated, e.g. '3,2,1;2,2,1,1'")
+    g.add_argument("--trials", type=int, default=3, help="timed forwards per size (median; default 3)")
+    args = parser.parse_args(argv)
+    if args.max_new_tokens < 2 or not 1 <= args.max_nodes <= 64 or args.max_depth < 1 or args.trials < 1:
+        parser.error("--max-new-tokens >= 2, --max-nodes in 1..64, --max-depth >= 1 and --trials >= 1")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    prompts = load_prompts(args.prompts)[: args.limit or None]
+    pair = load_from_args(args)
+    if pair.target.__class__.__name__ == "GraphModel":
+        raise SystemExit("error: token trees run on the eager backend for now: add --backend eager")
+    results = Results("tree_sweep")
+    n = args.max_new_tokens
+
+    plain, texts, ids_of = {}, [], {}
+    for prompt in log.bar(iterable=prompts, desc="plain + ranks"):
+        ids = ids_of[prompt["id"]] = chat_ids(pair.tokenizer, prompt["prompt"])
+        plain[prompt["id"]] = run_loop(pair, "none", 0, ids, n)
+        texts.append(ranks_of(pair, ids, plain[prompt["id"]].tokens))
+    ranks = [r for text in texts for r in text]
+    rank_probs = [sum(1 for r in ranks if r == i) / len(ranks) for i in range(4)]
+
+    shapes = calc.tree_shapes(args.max_nodes, args.max_depth)
+    chains = [(1,) * k for k in range(1, 9)]
+    longest = max(max(widths(s)[:-1] or [1]) for s in [*shapes, *args.trees])
+    first_ids = ids_of[prompts[0]["id"]]
+    context = first_ids + plain[prompts[0]["id"]].tokens
+    draft_cost, verify, step = costs(pair, context, longest, max(nodes_of(s) for s in [*shapes, *chains,
+                                                                                      *args.trees]) + 1, args.trials)
+    predicted = predict(sorted({*shapes, *chains, *args.trees}, key=lambda s: (nodes_of(s), s)), texts, draft_cost,
+                        verify)
+    by_shape = {p["shape"]: p for p in predicted}
+    best_chain = max((p for p in predicted if p["chain"]), key=lambda p: p["predicted_speedup"])
+    trees = [p for p in predicted if not p["chain"] and p["nodes"] <= args.max_nodes]
+    best_tree = max(trees, key=lambda p: p["predicted_speedup"])
+    deepest = max(trees, key=lambda p: (p["tokens_per_forward"], -p["nodes"]))
+    runs = ["1,1,1,1", best_chain["shape"], best_tree["shape"], deepest["shape"],
+            *[",".join(map(str, s)) for s in args.trees]]
+    runs = list(dict.fromkeys(runs))
+
+    measured = []
+    for shape_text in log.bar(iterable=runs, desc="measured runs"):
+        shape = parse_shape(shape_text)
+        tree = None if set(shape) == {1} else shape
+        tokens = rounds = 0
+        spec_s = plain_s = 0.0
+        identical = near_ties = 0
+        for prompt in prompts:
+            ids = ids_of[prompt["id"]]
+            result = run_loop(pair, "draft", len(shape), ids, n, tree=tree)
+            base = plain[prompt["id"]]
+            same = result.tokens == base.tokens
+            identical += same
+            if not same:
+                why = explain_divergence(pair.target, ids, base.tokens, result.tokens, nodes_of(shape))
+                near_ties += why["near_tie"]
+            tokens, rounds = tokens + len(result.tokens), rounds + len(result.rounds)
+            spec_s, plain_s = spec_s + result.decode_s, plain_s + base.decode_s
+            results.add({"shape": shape_text, "id": prompt["id"], "tokens": len(result.tokens),
+                         "rounds": len(result.rounds), "decode_s": result.decode_s, "plain_decode_s": base.decode_s,
+                         "identical": same})
+        guess = by_shape[shape_text]
+        measured.append({
+            "shape": shape_text, "nodes": nodes_of(shape), "depth": len(shape),
+            "tokens_per_forward": tokens / rounds, "predicted_tokens_per_forward": guess["tokens_per_forward"],
+            "speedup": plain_s / spec_s, "predicted_speedup": guess["predicted_speedup"],
+            "prediction_error": guess["predicted_speedup"] / (plain_s / spec_s) - 1,
+            "spec_tok_s": tokens / spec_s, "identical": f"{identical}/{len(prompts)}", "near_ties": near_ties,
+        })
+    chain4 = measured[0]
+    for row in measured:
+        row["tokens_per_forward_vs_chain4"] = row["tokens_per_forward"] / chain4["tokens_per_forward"]
+        row["speed_vs_chain4"] = row["speedup"] / chain4["speedup"]
+
+    print(f"\n{pair.name}, {pair.device} {dtype_name(pair.dtype)}: {len(prompts)} {args.prompts} prompts x {n} tokens; "
+          f"target step {step * 1e3:.1f} ms; draft forward of 1/2/4 tokens = "
+          + "/".join(f"{draft_cost[w]:.3f}" for w in (1, 2, 4) if w in draft_cost) + " target steps; the draft's "
+          "rank of the target's token: " + ", ".join(f"r{i} {p:.2f}" for i, p in enumerate(rank_probs)))
+    print("\npredicted (replayed ranks), the best 8 by speed:")
+    print(table(sorted(predicted, key=lambda p: -p["predicted_speedup"])[:8],
+                [("shape", "s"), ("nodes", "d"), ("tokens_per_forward", ".2f"), ("cost_steps", ".2f"),
+                 ("predicted_speedup", ".2f")]))
+    print("\nmeasured (the first row is the chain at K = 4):")
+    print(table(measured, [("shape", "s"), ("nodes", "d"), ("tokens_per_forward", ".2f"),
+                           ("predicted_tokens_per_forward", ".2f"), ("tokens_per_forward_vs_chain4", ".2f"),
+                           ("speedup", ".2f"), ("predicted_speedup", ".2f"), ("prediction_error", "+.1%"),
+                           ("identical", "s")]))
+    result = {"task": "tree_sweep", "pair": pair.name, "device": str(pair.device), "dtype": dtype_name(pair.dtype),
+              "args": {**vars(args), "trees": [",".join(map(str, s)) for s in args.trees]},
+              "target_step_s": step, "draft_cost": draft_cost, "verify": verify, "rank_probs": rank_probs,
+              "predicted": predicted, "measured": measured}
+    path = results.finish(result)
+    plots.tree_sweep(result, path.with_suffix(".png"))
+    print(f"saved {path} and {path.with_suffix('.png')}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
