@@ -230,7 +230,8 @@ def test_cuda_fp32_stack_of_a_wide_model_is_exact():
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(config).to("cuda", torch.float32).eval()
-        model.lm_head.weight.mul_(20.0)  # peaked rows, like a trained model's, so the draft agrees often
+        with torch.no_grad():
+            model.lm_head.weight.mul_(20.0)  # peaked rows, like a trained model's, so the draft agrees often
         draft_model = Qwen2ForCausalLM(config).to("cuda", torch.float32).eval()
         draft_model.load_state_dict(model.state_dict())
         for p in draft_model.parameters():

@@ -80,3 +80,13 @@ def test_coupled_sampling_is_the_same_text_with_or_without_speculation(real32):
         plain = generate(real32.target, make_drafter("none", real32), ids, 6, k=0, sampling=sampling, seed=seed)
         spec = generate(real32.target, make_drafter("draft", real32), ids, 6, k=4, sampling=sampling, seed=seed)
         assert spec.tokens == plain.tokens and spec.drafted > 0
+
+
+def test_a_token_tree_writes_plain_greedy_text_on_the_real_pair(real32):
+    """fp32: a 14-node tree (2, 2, 1, 1) through the eager backend's tree mask and cache compaction, token for
+    token as plain decoding, with more tokens per target forward than rounds of one."""
+    ids = chat_ids(real32.tokenizer, load_prompts("code")[0]["prompt"])
+    plain = generate(real32.target, make_drafter("none", real32), ids, 24, k=0, timing=False)
+    tree = generate(real32.target, make_drafter("draft", real32, shape=(2, 2, 1, 1)), ids, 24, k=4, timing=False)
+    assert tree.tokens == plain.tokens
+    assert tree.tokens_per_round > 2 and max(r.drafted for r in tree.rounds) == 14

@@ -58,13 +58,20 @@ def test_lookup_offers_several_continuations():
 # ---- the tree forward and the caches -----------------------------------------------------------------------------
 
 
-def test_a_tree_forward_scores_every_branch_as_a_fresh_forward_would(tiny):
-    model = tiny.target
-    text = [72, 101, 108, 108, 111]
-    tokens, parents = [32, 44, 119, 33, 119, 10], (-1, -1, 0, 0, 1, 2)
+TEXT = [72, 101, 108, 108, 111]
+NODES, PARENTS = [32, 44, 119, 33, 119, 10], (-1, -1, 0, 0, 1, 2)
+
+
+def tree_forward(model):
+    """A cached TEXT, then the 6-node tree NODES in one forward: its rows."""
     model.reset()
-    model.forward(text, keep=1)
-    rows = model.forward(tokens, tree=tree.layout(parents, 0, 6, len(text)))
+    model.forward(TEXT, keep=1)
+    return model.forward(NODES, tree=tree.layout(PARENTS, 0, len(NODES), len(TEXT)))
+
+
+def test_a_tree_forward_scores_every_branch_as_a_fresh_forward_would(tiny):
+    model, text, tokens, parents = tiny.target, TEXT, NODES, PARENTS
+    rows = tree_forward(model)
     for node in range(6):
         path = [tokens[a] for a in tree.ancestry(parents, node)]
         model.reset()
@@ -74,12 +81,8 @@ def test_a_tree_forward_scores_every_branch_as_a_fresh_forward_would(tiny):
 
 
 def test_keeping_the_accepted_path_leaves_the_cache_of_the_accepted_text(tiny):
-    model = tiny.target
-    text = [72, 101, 108, 108, 111]
-    tokens, parents = [32, 44, 119, 33, 119, 10], (-1, -1, 0, 0, 1, 2)
-    model.reset()
-    model.forward(text, keep=1)
-    model.forward(tokens, tree=tree.layout(parents, 0, 6, len(text)))
+    model, text = tiny.target, TEXT
+    tree_forward(model)
     path = [0, 2, 5]  # 32, 119, 10: slots 5, 7, 10
     model.keep(len(text), [len(text) + i for i in path])
     assert model.length == len(text) + 3
