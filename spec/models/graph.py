@@ -10,7 +10,8 @@ an H200, against a 3.75 ms memory roofline; docs/gpu.md). `GraphModel` removes t
   the cache prefix attention reads (`SPAN_STEP` granularity), so attention costs grow with the text, not with
   `max_length`; with the fused kernels, longer forwards (the prompt) replay a 16-token chunk's graph per chunk;
 - the layer stack is optionally `torch.compile`d (fused norms, rope and activations) with the token count and span
-  as dynamic sizes: two compilations per model (n = 1 and n >= 2), not one per shape;
+  as dynamic sizes: two compilations per model (n = 1 and n >= 2), not one per shape; by default only in half
+  precision where the fused kernels cannot run;
 - nothing in `forward` waits for the device: ids go in by asynchronous copies, the position by a fill kernel.
 
 The layer stack is a compact re-statement of the transformers Llama/Qwen2 decoder that runs on the transformers
@@ -173,9 +174,12 @@ class GraphModel:
         self.prefill_chunk = fused_tokens if fused_tokens > 1 else 0
         # Programmatic dependent launch for the Triton kernels, where the GPU has it (Hopper and later).
         self.pdl = pdl and kernels.pdl_supported(self.device)
-        # The layer stack is compiled only where it runs the decode path (no fused step): with the fused kernels it
-        # sees only prefills, for which compiling costs far more start-up (40-130 s per model) than it saves.
-        compile = (not self.fused_tokens and self.device.type == "cuda") if compile is None else compile
+        # The layer stack is compiled only where it runs the decode path (no fused step) in half precision: with the
+        # fused kernels it sees only prefills, for which compiling costs far more start-up (40-130 s per model) than
+        # it saves; in float32 (the exactness runs, where speed does not matter) the real Qwen pair's compiles and
+        # recompiles had not finished in 8 minutes on an H200, and graphs alone remove the launch overhead.
+        if compile is None:
+            compile = not self.fused_tokens and self.device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
         self.body = torch.compile(self._body, fullgraph=True) if compile else self._body
         self.compiled = compile
         # Forwards captured as CUDA graphs: up to MAX_GRAPH_TOKENS tokens, except that an uncompiled stack beside the
