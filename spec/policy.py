@@ -121,6 +121,15 @@ class AdaptiveK:
             return None
         return self.alpha.value, t_draft / t_target, max(0.0, self.slope.value or 0.0)
 
+    def snapshot(self) -> dict:
+        """The estimates as they stand (None where not yet measured), and the K they choose: for reports."""
+        estimates = self.estimates()
+        alpha, c, s = estimates if estimates else (self.alpha.value, None, None)
+        k, gain = self.choice() if estimates else (None, None)
+        return {"alpha": alpha, "c": c, "s": s, "catch_up": self.catch_up.value,
+                "target_step_s": self.target_step.value, "draft_step_s": self.draft_step.value, "k": k,
+                "predicted_x": gain}
+
     def choice(self) -> tuple[int, float]:
         """The formula's best K for the current estimates, and its predicted speedup."""
         estimates = self.estimates()

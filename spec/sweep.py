@@ -86,6 +86,9 @@ def loop_row(pair, method: str, k, ids: list[int], max_new_tokens: int, sampling
         "draft_s": sum(r.draft_s for r in result.rounds), "verify_s": sum(r.verify_s for r in result.rounds),
         "e2e_s": result.prefill_s + result.decode_s,
         "round_counts": [[r.drafted, r.accepted] for r in result.rounds],
+        # per round: seconds drafting and in all, so that a slow configuration can be read round by round
+        "round_times": [[round(r.draft_s, 7), round(r.total_s, 7)] for r in result.rounds],
+        "policy": k.snapshot() if method == "auto" else None,  # adaptive K's estimates as this prompt ended
     }
 
 
@@ -95,7 +98,7 @@ def hf_row(pair, method: str, ids: list[int], max_new_tokens: int) -> dict:
     tokens, seconds = timed(lambda: hf_generate(pair, ids, max_new_tokens, assist=assist), pair.device)
     return {"method": method, "k": None, "tokens": len(tokens), "rounds": None, "drafted": None,
             "accepted": None, "rejected": None, "prefill_s": None, "decode_s": None, "draft_s": None,
-            "verify_s": None, "e2e_s": seconds, "round_counts": None}
+            "verify_s": None, "e2e_s": seconds, "round_counts": None, "round_times": None, "policy": None}
 
 
 def run_config(pair, config: tuple[str, object], ids, max_new_tokens, sampling=Sampling(), seed=0) -> dict:

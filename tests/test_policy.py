@@ -114,6 +114,17 @@ def test_a_lasting_slowdown_is_learned_after_a_few_rounds():
     assert Counter(chosen[400:]).most_common(1)[0][0] >= 3
 
 
+def test_a_snapshot_reports_the_estimates_and_their_choice():
+    policy = AdaptiveK(max_k=8)
+    assert policy.snapshot()["c"] is None and policy.snapshot()["k"] is None  # nothing timed yet
+    simulate(policy, 0.8, 0.1, rounds=200)
+    snap = policy.snapshot()
+    alpha, c, s = policy.estimates()
+    assert (snap["alpha"], snap["c"], snap["s"]) == (alpha, c, s)
+    assert snap["target_step_s"] == pytest.approx(STEP) and snap["draft_step_s"] == pytest.approx(0.1 * STEP)
+    assert (snap["k"], snap["predicted_x"]) == policy.choice() and snap["k"] > 0
+
+
 def test_the_policy_is_deterministic():
     assert simulate(AdaptiveK(), 0.7, 0.1)[1] == simulate(AdaptiveK(), 0.7, 0.1)[1]
 

@@ -98,8 +98,16 @@ def test_a_tiny_sweep_writes_rows_summary_and_plot(prompts, tmp_path, capsys):
     assert len(greedy) == 2 * 2 * 8
     assert len([r for r in saved["rows"] if r["mode"] == "sample"]) == 2 * 2
     keys = {"rep", "prompt", "mode", "method", "k", "tokens", "rounds", "drafted", "accepted", "rejected", "prefill_s",
-            "decode_s", "draft_s", "verify_s", "e2e_s", "round_counts"}
+            "decode_s", "draft_s", "verify_s", "e2e_s", "round_counts", "round_times", "policy"}
     assert all(set(r) == keys for r in saved["rows"])
+    for r in saved["rows"]:
+        if r["rounds"] is not None:  # the loop's rows: one (draft, total) time pair per round, draft within total
+            assert len(r["round_times"]) == r["rounds"] and all(0 <= d <= t for d, t in r["round_times"])
+            assert abs(sum(t for _, t in r["round_times"]) - r["decode_s"]) < 1e-6 * r["rounds"]  # 7-digit rounding
+        auto = r["method"] == "auto"
+        assert (r["policy"] is not None) == auto
+        if auto:
+            assert r["policy"]["k"] in range(4) and r["policy"]["c"] > 0 and 0 <= r["policy"]["alpha"] <= 1
     loop_rows = [r for r in greedy if not r["method"].startswith("hf")]
     plain = {(r["rep"], r["prompt"]): r["tokens"] for r in loop_rows if r["method"] == "plain"}
     assert all(r["tokens"] == plain[(r["rep"], r["prompt"])] for r in loop_rows)  # greedy: the same text every time
