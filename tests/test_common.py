@@ -1,6 +1,7 @@
 """Loading, verification, tokenizer compatibility, the cached forward and its rollback."""
 
 import hashlib
+import json
 import sys
 
 import pytest
@@ -19,6 +20,7 @@ from spec.models import (
     rollback_cache,
     shared_vocab,
 )
+from spec.models.hub import load_tokenizer, vocabulary_fingerprint
 from spec.models.packaged import PackagedGGUF, assemble_gguf
 
 # ---- rollback -------------------------------------------------------------------------------------------------
@@ -113,6 +115,34 @@ def test_padded_embeddings_share_the_tokenizer_length():
     tok = byte_tokenizer()
     # Same vocabulary, embedding matrices padded to different sizes (like Qwen2.5 7B vs 0.5B).
     assert shared_vocab(tok, tok, target_rows=320, draft_rows=272) == len(tok) == 259
+
+
+def test_a_draft_with_byte_identical_vocabulary_files_reuses_the_targets_tokenizer(tmp_path):
+    """Only a load for the vocabulary reuses a tokenizer, only one read from the same vocabulary files, whatever
+    the chat templates; any other load reads its own files."""
+    for name in ("a", "b", "c"):
+        byte_tokenizer().save_pretrained(tmp_path / name)
+    (tmp_path / "b" / "chat_template.jinja").write_text("{{ messages }}")  # a draft's own template: no matter
+    config = tmp_path / "c" / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "model_max_length": 77}))
+    a = load_tokenizer(str(tmp_path / "a"))
+    assert load_tokenizer(str(tmp_path / "b"), vocabulary_only=True) is a
+    assert load_tokenizer(str(tmp_path / "b")) is not a  # a full load (its template matters) reads its files
+    c = load_tokenizer(str(tmp_path / "c"), vocabulary_only=True)
+    assert c is not a and c.model_max_length == 77 != a.model_max_length
+    assert vocabulary_fingerprint(str(tmp_path)) is None  # no tokenizer there: never shared
+
+
+def test_one_shared_tokenizer_needs_no_vocabulary_comparison():
+    class Opaque:  # a tokenizer whose vocabulary must not be read
+        def __len__(self):
+            return 300
+
+        def get_vocab(self):
+            raise AssertionError("compared a tokenizer with itself")
+
+    tok = Opaque()
+    assert shared_vocab(tok, tok, target_rows=320, draft_rows=310) == 300
 
 
 def test_different_vocabularies_are_refused_unless_allowed():

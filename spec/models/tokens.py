@@ -34,7 +34,7 @@ def shared_vocab(target_tok, draft_tok, target_rows: int, draft_rows: int, allow
     different sizes (Qwen2.5-7B has 152,064 rows, 0.5B 151,936). Logits of both are cut to the tokenizer's length
     so that no padding row can ever be drafted or sampled.
     """
-    if target_tok.get_vocab() != draft_tok.get_vocab():
+    if target_tok is not draft_tok and target_tok.get_vocab() != draft_tok.get_vocab():
         if not allow_other_family:
             raise TokenizerMismatch(
                 f"the draft's tokenizer ({len(draft_tok)} tokens) differs from the target's ({len(target_tok)}): "
