@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -46,7 +47,8 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-class Dynamic(NamedTuple):
+@dataclass(frozen=True)
+class Dynamic:
     """A dynamic tree: at most `budget` nodes and K deep, the nodes of the highest path score (the product of the
     draft's probabilities along the path); each draft forward expands at most `width` nodes, each offering at most
     `width` children. `ModelDrafter` says how it is grown and why the rules stay exact for it."""
@@ -55,12 +57,14 @@ class Dynamic(NamedTuple):
     width: int
 
 
-class Auto(NamedTuple):
+@dataclass(frozen=True)
+class Auto:
     """A static shape of at most `max_nodes` nodes chosen each round by `spec.policy.TreePolicy`."""
 
     max_nodes: int = 16
 
 
+# Not tuples, so that `isinstance(setting, tuple)` means a static shape.
 DEFAULT_WIDTH = 4  # a dynamic tree's width when not given: a draft forward over 4 nodes costs about one over 1
 
 
