@@ -77,9 +77,9 @@ class SoftmaxQDrafter(ModelDrafter):
     drafter is just the normal one.
     """
 
-    def propose(self, seq, k, decoding, generator):
+    def propose(self, seq, k, decoding, generator, shape=None):
         if decoding.deterministic:
-            return super().propose(seq, k, decoding, generator)
+            return super().propose(seq, k, decoding, generator, shape)
         drafts, dists = [], []
         new = torch.as_tensor(seq[self.model.length :], dtype=torch.long, device=self.model.device)
         for i in range(k):

@@ -461,3 +461,16 @@ def test_sampled_dynamic_trees_give_the_targets_joint_law_and_draw_scored_ones_d
     pilot = dynamic_first_two(DrawScoredDrafter, spec, DYNAMIC_TOY_N, 2)
     assert pilot_power(pilot, JOINT, bins, DYNAMIC_TOY_N) >= POWER_GOAL
     assert chi_square(dynamic_first_two(DrawScoredDrafter, spec, DYNAMIC_TOY_N, 1), JOINT, bins)[2] < LEVEL
+
+
+@one_thread()
+def test_sampled_dynamic_trees_in_the_whole_loop_follow_the_targets_law_of_the_first_tokens(tiny):
+    """As the static tree's loop test, with a dynamic tree of 6 nodes, width 3, at most 2 deep: 400 generations'
+    first 3 tokens against the target's exact law of its first 3 tokens."""
+    sampling = Sampling(1.5)
+    prompt = tiny.tokenizer(LOOP_PROMPT).input_ids
+    nodes, probs = sequence_law(tiny.target, prompt, 3, sampling, LOOP_N)
+    bins = merge_bins(probs, LOOP_N)
+    outputs = loop_outputs(tiny.target, ModelDrafter(tiny.draft, tree.Dynamic(6, 3)), prompt, 3, 2, sampling, LOOP_N,
+                           0, "dynamic tree loop")
+    assert chi_square(categorize(outputs, nodes, 3), probs, bins)[2] >= LEVEL
