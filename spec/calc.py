@@ -148,6 +148,17 @@ def tree_tokens(shape, rank_probs) -> float:
     return total
 
 
+def tree_tokens_by_depth(shape, leave) -> float:
+    """Expected tokens per round of a static tree when a node at depth d - 1 (the root is depth 0) offering its b
+    top children is left by one of them with probability leave(d, b), independently of the other depths:
+    1 + sum_d prod_{i <= d} leave(i, b_i). `tree_tokens` is the case leave(d, b) = a_0 + .. + a_{b-1}."""
+    total, reach = 1.0, 1.0
+    for depth, b in enumerate(shape, 1):
+        reach *= leave(depth, b)
+        total += reach
+    return total
+
+
 def replayed_tree_tokens(ranks: list[int], shape) -> tuple[int, int]:
     """(tokens, rounds) a static tree would take over a greedy text whose token j has rank ranks[j] among the
     draft's choices after the true text before it: each round descends while the rank at depth d is below b_d,

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
-from spec import log
+from spec import log, tree
 from spec.models import BACKENDS, PAIR_CHOICES, PAIRS, ModelError, Pair, load_pair
 from spec.models.quant import QUANTS
-from spec.policy import parse_k
-from spec.tree import parse_shape
+from spec.policy import TreePolicy, parse_k
 
 
 def add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None:
@@ -52,21 +52,45 @@ def add_run_args(parser: argparse.ArgumentParser, prompts: str | None, limit: in
 
 
 def add_tree_arg(group) -> None:
-    group.add_argument("--tree", type=parse_shape, default=None, metavar="B1,B2,...",
+    group.add_argument("--tree", type=tree.parse_tree, default=None, metavar="B1,B2,...|dynamic:N[:W]|auto[:N]",
                        help=TREE_HELP)
 
 
-TREE_HELP = ("a token tree instead of a chain: the branching per depth, e.g. 3,2,1 (3 children of the root, 2 of "
-             "each, 1 of each: 15 nodes, 3 deep; at most K deep and 64 nodes); with prompt lookup its first number "
-             "is the number of earlier matches offered as branches. Eager backend (docs/trees.md)")
+TREE_HELP = ("a token tree instead of a chain (eager backend; docs/trees.md). B1,B2,...: a static shape, the "
+             "branching per depth, e.g. 3,2,1 (3 children of the root, 2 of each, 1 of each: 15 nodes, 3 deep; at "
+             "most K deep and 64 nodes); with prompt lookup its first number is the number of earlier matches "
+             "offered as branches. dynamic:N[:W]: EAGLE-2's dynamic tree, the N nodes of highest draft path "
+             "probability, at most K deep, W (default min(4, N)) nodes expanded per draft forward, each offering W "
+             "children. auto[:N]: a policy picks each round the static shape of at most N nodes (default 16) with "
+             "the best predicted tokens per second from the acceptance and forward times it measures, the chain "
+             "or plain decoding when trees do not pay; at most --k deep (--k auto: 8). Not with prompt lookup")
+
+
+def resolve_tree(parser: argparse.ArgumentParser, args: argparse.Namespace, method: str = "draft") -> None:
+    """After parsing, before anything loads: --tree auto becomes the K setting (a factory of TreePolicy, at most
+    --k deep) and no fixed tree; static and dynamic trees need a fixed --k (the tree is at most K deep); a dynamic
+    tree or the policy needs the draft model."""
+    setting = getattr(args, "tree", None)
+    if setting is None:
+        return
+    if isinstance(setting, (tree.Dynamic, tree.Auto)) and method != "draft":
+        parser.error(f"--tree {tree.describe(setting)} grows trees from the draft model's probabilities: use "
+                     "--method draft, or --tree B (B earlier matches as branches) with prompt lookup")
+    if isinstance(setting, tree.Auto):
+        max_depth = args.k if isinstance(args.k, int) else args.k.keywords.get("max_k", 8)
+        if max_depth < 1:
+            parser.error("--tree auto needs --k >= 1 or auto (its largest depth)")
+        args.k = functools.partial(TreePolicy, max_depth=max_depth, max_nodes=setting.max_nodes)
+        args.tree = None
+    elif not isinstance(args.k, int):
+        parser.error("--tree needs a fixed --k (the tree is at most K deep); --tree auto chooses trees by itself")
 
 
 def check_tree(args: argparse.Namespace, pair: Pair) -> None:
-    """Token trees need the eager backend and a fixed K (the tree's depth is at most K)."""
-    if getattr(args, "tree", None) is None:
+    """Token trees (and the tree policy) need the eager backend."""
+    policy = isinstance(getattr(args, "k", None), functools.partial) and args.k.func is TreePolicy
+    if getattr(args, "tree", None) is None and not policy:
         return
-    if not isinstance(args.k, int):
-        sys.exit("error: --tree needs a fixed --k (the tree is at most K deep); adaptive K chooses chains")
     if pair.target.__class__.__name__ == "GraphModel":
         sys.exit("error: token trees run on the eager backend for now: add --backend eager")
 

@@ -13,6 +13,9 @@ exactly the correct code; only `spec.dist_test`, the tests and the docs' figures
 - `committed-penalty` (the token counts): penalties at every position of a round count only the committed text,
   not the drafts before that position, so the target's rows after the first are penalised as if d_1 .. d_{i-1}
   had not been written.
+- (trees) `naive_tree_accept`: keep a node's first child with min(1, p/q), else draw from p; and
+  `DrawScoredDrafter`: a dynamic tree that scores a sampled child by q of the token drawn (EAGLE-2's score) rather
+  than by its slot, so the children it keeps no longer follow q. tests/test_tree.py catches both.
 """
 
 from __future__ import annotations
@@ -74,9 +77,9 @@ class SoftmaxQDrafter(ModelDrafter):
     drafter is just the normal one.
     """
 
-    def propose(self, seq, k, decoding, generator):
+    def propose(self, seq, k, decoding, generator, shape=None):
         if decoding.deterministic:
-            return super().propose(seq, k, decoding, generator)
+            return super().propose(seq, k, decoding, generator, shape)
         drafts, dists = [], []
         new = torch.as_tensor(seq[self.model.length :], dtype=torch.long, device=self.model.device)
         for i in range(k):
@@ -178,3 +181,17 @@ def naive_tree_accept(p: torch.Tensor, q: torch.Tensor | None, tokens: torch.Ten
             return path, y
         path.append(child)
         node = child
+
+
+class DrawScoredDrafter(ModelDrafter):
+    """A dynamic-tree drafter that, under sampling, scores each drawn child by q(x) of the token drawn, as EAGLE-2
+    scores its candidates. Which draws survive the node budget then depends on their own values (likely ones stay,
+    unlikely ones go), while the rule is still told they are plain draws without replacement: the text's law moves
+    away from p. The correct drafter scores the j-th draw by the j-th largest probability (spec/drafters.py)."""
+
+    @staticmethod
+    def _children(row, path, depth, branching, decoding, generator, scored=False):
+        picked, q, slots = ModelDrafter._children(row, path, depth, branching, decoding, generator, scored)
+        if scored and q is not None:
+            slots = q[picked].tolist()
+        return picked, q, slots

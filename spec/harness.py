@@ -20,6 +20,8 @@ from spec.drafters import make_drafter
 from spec.io import Results, table
 from spec.loop import KPolicy, Result, generate
 from spec.models import Model, Pair, chat_ids, sync_time
+from spec.policy import TreePolicy
+from spec.tree import Dynamic
 from spec.warps import Sampling
 
 
@@ -31,7 +33,7 @@ class Setup:
     sampling: Sampling = Sampling()
     seed: int = 0
     compare_hf: bool = False
-    tree: tuple[int, ...] | None = None  # a token tree's branching per depth (spec/tree.py), None for a chain
+    tree: tuple[int, ...] | Dynamic | None = None  # a static shape or a dynamic tree (spec/tree.py), None: chains
 
 
 def timed(fn, device):
@@ -84,9 +86,9 @@ logging.getLogger("transformers.generation.utils").addFilter(_AssistantConfigWar
 
 
 def run_loop(pair: Pair, method: str, k: int | KPolicy, ids: list[int], max_new_tokens: int,
-             sampling: Sampling = Sampling(), seed: int = 0, tree: tuple[int, ...] | None = None) -> Result:
+             sampling: Sampling = Sampling(), seed: int = 0, tree: tuple[int, ...] | Dynamic | None = None) -> Result:
     """One generation by our loop: `method` draft, lookup or none (plain decoding), a seeded generator; `tree`
-    drafts token trees of that shape."""
+    drafts token trees of that shape, or dynamic trees (spec/tree.py)."""
     generator = torch.Generator(device=pair.device).manual_seed(seed)
     return generate(pair.target, make_drafter(method, pair, shape=tree), ids, max_new_tokens, k=k, sampling=sampling,
                     generator=generator, eos=pair.eos, seed=seed)
@@ -174,8 +176,10 @@ def explain_divergence(target: Model, prompt: list[int], plain: list[int], spec:
 
 
 def k_label(k) -> str:
-    """How a K setting prints: the number, or "auto" for an adaptive policy."""
-    return str(k) if isinstance(k, int) else "auto"
+    """How a K setting prints: the number, "auto" for adaptive K, "auto-tree" for the tree policy."""
+    if isinstance(k, int):
+        return str(k)
+    return "auto-tree" if isinstance(k, TreePolicy) or getattr(k, "func", None) is TreePolicy else "auto"
 
 
 def make_k(setup: Setup) -> int | KPolicy:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spec.cli import add_model_args, add_run_args, load_from_args
+from spec.cli import add_model_args, add_run_args, load_from_args, resolve_tree
 from spec.harness import Setup, k_label, print_rows, run_set
 from spec.io import Results, load_prompts, table
 
@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.max_new_tokens < 1:
         parser.error("--max-new-tokens must be >= 1")
+    resolve_tree(parser, args, "lookup")
     sets = {name: load_prompts(name)[: args.limit or None] for name in args.sets.split(",")}
     pair = load_from_args(args, with_draft=False)
     setup = Setup(method="lookup", k=args.k, max_new_tokens=args.max_new_tokens, compare_hf=args.compare_hf,

@@ -45,12 +45,19 @@ class Round:
     # With `logprobs=N`: per emitted token, (its log-probability, the N most likely (id, log-probability)) under the
     # target's raw distribution at that position (its logits before any warp).
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    # What the rule saw at each node it visited, root first: (slot of the child it descended into, or `offered`
+    # when none; offered = the node's children), spec.tree.visits. A chain of K that kept n: [(0, 1)] * n + [(1, 1)].
+    slots: list[tuple[int, int]] = field(default_factory=list)
+    forwards: tuple[int, ...] = ()  # tokens each draft forward read (a draft model's; empty for other drafters)
+    verified: int = 0  # tokens the target's forward read: the uncached true text and every node
 
 
 class KPolicy(Protocol):
-    """Chooses the number of drafts for the next round, and learns from the round it produced."""
+    """Chooses the number of drafts for the next round, and learns from the round it produced. A tree policy
+    (spec.policy.TreePolicy) answers a tree shape instead of K: the drafter drafts that shape (cut to the tokens
+    left), and K is its depth."""
 
-    def next_k(self) -> int: ...
+    def next_k(self) -> int | tuple[int, ...]: ...
 
     def observe(self, rnd: Round) -> None: ...
 
@@ -132,8 +139,11 @@ def speculate(
     last = None  # the last emitted token as the rule left it on the device (saves a host-to-device copy)
     while True:
         t0 = clock()
-        k_now = max(0, min(policy.next_k(), max_new_tokens - emitted - 1))
-        draft = drafter.propose(seq, k_now, decoding, generator)  # tokens [n], q [n, V] | None, tree | None
+        want = policy.next_k()  # K, or a tree policy's shape (its depth is K)
+        shape = want if isinstance(want, tuple) else None
+        k_now = max(0, min(len(shape) if shape else want, max_new_tokens - emitted - 1))
+        # tokens [n], q [n, V] | None, tree | None
+        draft = drafter.propose(seq, k_now, decoding, generator, shape[:k_now] if shape and k_now else None)
         drafts = draft.tokens
         t1 = clock()
         if last is not None and target.length == len(seq) - 1:
@@ -175,7 +185,9 @@ def speculate(
             drafter.rollback(len(seq) - 1, path)
         rows = [0] + [1 + i for i in path]  # the rows that chose the emitted tokens (for a chain, 0 .. n)
         reported = None if logprobs is None else token_logprobs(logits[rows][: len(new)], new, logprobs)
-        rnd = Round(new, len(draft_ids), len(path), t1 - t0, t2 - t1, clock() - t0, prefill_s, finish, reported)
+        slots = tree.visits(tree.chain(len(draft_ids)) if draft.chain else draft.parents, path)
+        rnd = Round(new, len(draft_ids), len(path), t1 - t0, t2 - t1, clock() - t0, prefill_s, finish, reported,
+                    slots, draft.forwards, len(fed))
         prefill_s = 0.0
         policy.observe(rnd)
         yield rnd

@@ -41,6 +41,7 @@ from collections.abc import Callable
 
 from spec import calc
 from spec.loop import KPolicy, Round
+from spec.tree import MAX_NODES, widths
 
 PRIOR_ALPHA_WEIGHT = 2.0  # judged positions the prior alpha is worth; real rounds outweigh it within a few rounds
 STALL = 4.0  # a round this many times slower than predicted is a stall (a graph capture, a compile): not timed
@@ -230,6 +231,202 @@ class AdaptiveK:
             if probing:
                 self._credit -= rnd.total_s / t_target - len(rnd.tokens)
         self._lag = 0
+
+
+# ---- Token trees: a static shape a round, chosen from measurements ----------------------------------------------
+
+
+class LineFit:
+    """y ~ a x1 + b x2 with a, b >= 0, by least squares over decayed observations (weights (1 - 1/memory)^age).
+    Until the observations tell the two terms apart (x2 / x1 constant so far) it keeps b = 0: the x1 term alone."""
+
+    def __init__(self, memory: float):
+        self.decay = 1 - 1 / memory
+        self.sums = [0.0] * 6  # x1 x1, x1 x2, x2 x2, x1 y, x2 y, y y
+
+    def add(self, x1: float, x2: float, y: float) -> None:
+        for i, v in enumerate((x1 * x1, x1 * x2, x2 * x2, x1 * y, x2 * y, y * y)):
+            self.sums[i] = self.sums[i] * self.decay + v
+
+    def coef(self) -> tuple[float, float] | None:
+        s11, s12, s22, s1y, s2y, syy = self.sums
+        if s11 <= 0 and s22 <= 0:
+            return None
+        det = s11 * s22 - s12 * s12
+        if det > 1e-9 * s11 * s22:
+            a, b = (s22 * s1y - s12 * s2y) / det, (s11 * s2y - s12 * s1y) / det
+            if a >= 0 and b >= 0:
+                return a, b
+        fits = [(max(0.0, s1y / s11), 0.0)] if s11 > 0 else []
+        if det > 1e-9 * s11 * s22 or s11 <= 0:  # the x2 term alone, once it can be told apart
+            fits.append((0.0, max(0.0, s2y / s22)))
+
+        def residual(ab):
+            a, b = ab
+            return syy - 2 * a * s1y - 2 * b * s2y + a * a * s11 + 2 * a * b * s12 + b * b * s22
+
+        return min(fits, key=residual)
+
+
+class SlotHazards:
+    """How often the target's token is the draft's rank-r choice at a node of depth d - 1 (children at depth d),
+    from Round.slots: h(d, r) = P(slot r taken | slots 0 .. r - 1 not), decayed. A node that offered m children
+    and was left by none says only that the slot is m or more (censored): it counts for ranks below m, so offering
+    fewer children never biases the estimate. Each depth's estimate is shrunk toward the rank's estimate over all
+    depths, and that toward `prior`, each with the weight of PRIOR_ALPHA_WEIGHT observations."""
+
+    def __init__(self, memory: float, prior: float):
+        self.memory, self.prior = memory, prior
+        self.cells: dict[tuple[int, int], Decayed] = {}
+        self.ranks: dict[int, Decayed] = {}
+
+    def add(self, slots: list[tuple[int, int]]) -> None:
+        for depth, (slot, offered) in enumerate(slots, 1):
+            for rank in range(min(slot + 1, offered)):
+                hit = 1.0 if rank == slot else 0.0
+                self.cells.setdefault((depth, rank), Decayed(self.memory)).add(hit, 1.0)
+                self.ranks.setdefault(rank, Decayed(self.memory)).add(hit, 1.0)
+
+    def hazard(self, depth: int, rank: int) -> float:
+        pooled = self.ranks.get(rank)
+        h = self.prior if pooled is None else (pooled.num + PRIOR_ALPHA_WEIGHT * self.prior) / (
+            pooled.den + PRIOR_ALPHA_WEIGHT)
+        cell = self.cells.get((depth, rank))
+        return h if cell is None else (cell.num + PRIOR_ALPHA_WEIGHT * h) / (cell.den + PRIOR_ALPHA_WEIGHT)
+
+    def leave(self, depth: int, b: int) -> float:
+        """Probability that a node of depth `depth` - 1 offering its top b children is left by one of them."""
+        stay = 1.0
+        for rank in range(b):
+            stay *= 1 - self.hazard(depth, rank)
+        return 1 - stay
+
+
+class TreePolicy:
+    """Chooses each round's token tree — a static shape, a chain, or K = 0 — to maximise predicted tokens per second,
+    from running estimates of what the rounds it observes show (pass it as `k=` to spec.loop.speculate with a
+    `ModelDrafter`; `--tree auto`).
+
+    - Acceptance: `SlotHazards` from each round's slots (which child the rule took at each node it visited), per
+      depth and rank; a static shape then emits `calc.tree_tokens_by_depth` tokens a round.
+    - Draft cost: a draft forward over w tokens costs a_d + b_d w seconds, fitted (`LineFit`) to each round's draft
+      time against its forwards (how many, and the tokens they read: the catch-up, then each fed depth's width).
+    - Verify cost: a target forward over n tokens costs a_v + b_v n seconds, fitted to each round's verify time (the
+      forward and the rule) against the tokens it read; n = 1 is a plain step, the unit of `calc.tree_round_cost`.
+    - Overhead: the rest of a round (bookkeeping, the caches' compaction), a decayed mean per round.
+
+    Every round it predicts every shape of `calc.tree_shapes(max_nodes, max_depth)` (branching at most 4,
+    non-increasing) and a plain step, and picks the fastest; a tree must beat plain decoding to be chosen, and ties
+    go to fewer nodes. Trees are chosen only if rank-1 hazards make their extra nodes pay, so when branches are never
+    taken it falls back to the chain, and when no draft pays, to K = 0. While off it probes a K = 1 chain within
+    `probe_budget` of the time, as AdaptiveK does (the probe's catch-up included), so that acceptance and the draft's
+    cost stay current; a round slower than STALL x its prediction teaches acceptance but no timing, unless STALL_RUN
+    come in a row. The first three rounds measure: a K = 1 chain, a plain step, and a (2, 1) tree (two widths of
+    draft forward, three sizes of verify). Deterministic: no randomness, only the rounds it is shown.
+    """
+
+    def __init__(self, max_depth: int = 8, max_nodes: int = 16, memory: float = 32, probe_budget: float = 0.02,
+                 prior: float = 0.5):
+        if max_depth < 1 or not 1 <= max_nodes <= 64:
+            raise ValueError(f"max_depth must be >= 1 and max_nodes in 1..64, got {max_depth}, {max_nodes}")
+        if not 0 < probe_budget < 1:
+            raise ValueError(f"probe_budget must be in (0, 1), got {probe_budget}")
+        self.max_k = max_depth  # what the models prepare for (harness.warm_up, the server)
+        self.shapes = calc.tree_shapes(max_nodes, max_depth)
+        self.probe_budget = probe_budget
+        self.hazards = SlotHazards(memory, prior)
+        self.draft = LineFit(memory)  # seconds = a_d forwards + b_d tokens
+        self.verify = LineFit(memory)  # seconds = a_v + b_v tokens
+        self.overhead = Decayed(memory)
+        self._boot = [(1,), 0, (2, 1) if max_depth > 1 and max_nodes >= 3 else (min(2, max_nodes),)]
+        self._lag = 0  # tokens plain rounds emitted since the drafter last ran (its next forward reads them)
+        self._credit = 0.0
+        self._probing = False
+        self._stalls = 0
+
+    def reads_prompt(self, prompt_tokens: int) -> bool:
+        return True
+
+    def costs(self) -> tuple[dict, dict, float] | None:
+        """(draft forward of w tokens, target forward of n tokens, overhead a round), in target steps (a target
+        forward of 1 token), or None until both kinds of forward have been timed."""
+        draft, verify = self.draft.coef(), self.verify.coef()
+        if draft is None or verify is None or self.overhead.value is None or verify[0] + verify[1] <= 0:
+            return None
+        step = verify[0] + verify[1]
+        widest = max(max(widths(shape)[:-1], default=1) for shape in self.shapes)
+        draft_cost = {w: (draft[0] + draft[1] * w) / step for w in range(1, widest + 1)}
+        verify_cost = {n: (verify[0] + verify[1] * n) / step for n in range(1, MAX_NODES + 2)}
+        return draft_cost, verify_cost, self.overhead.value / step
+
+    def predictions(self) -> list[tuple[tuple[int, ...], float]] | None:
+        """(shape, predicted tokens per target step) for every shape, and () for a plain step; None until timed."""
+        costs = self.costs()
+        if costs is None:
+            return None
+        draft_cost, verify_cost, overhead = costs
+        out = [((), 1 / (1 + overhead))]
+        for shape in self.shapes:
+            tokens = calc.tree_tokens_by_depth(shape, self.hazards.leave)
+            out.append((shape, tokens / (calc.tree_round_cost(shape, draft_cost, verify_cost) + overhead)))
+        return out
+
+    def choice(self) -> tuple[tuple[int, ...], float]:
+        """The fastest predicted shape (() = a plain step) and its tokens per target step. Ties: fewer nodes."""
+        predicted = self.predictions()
+        if predicted is None:
+            raise RuntimeError("no estimates yet: the policy has not timed a draft and a target forward")
+        return max(predicted, key=lambda item: (item[1], -sum(widths(item[0]))))
+
+    def next_k(self) -> int | tuple[int, ...]:
+        if self._boot:
+            return self._boot[0]
+        shape, _ = self.choice()
+        if shape:
+            return shape
+        self._credit += self.probe_budget
+        if self._credit >= self._probe_cost():
+            self._probing = True
+            return (1,)
+        return 0
+
+    def _probe_cost(self) -> float:
+        """Target steps a K = 1 probe costs beyond plain decoding: its round, less the 1 + alpha steps plain decoding
+        takes for its 1 + alpha tokens (the catch-up over the lag is in its first forward)."""
+        draft_cost, verify_cost, overhead = self.costs()
+        catch_up = self.draft.coef()[1] * self._lag / (self.verify.coef()[0] + self.verify.coef()[1])
+        tokens = calc.tree_tokens_by_depth((1,), self.hazards.leave)
+        return calc.tree_round_cost((1,), draft_cost, verify_cost) + catch_up + overhead - tokens * (1 + overhead)
+
+    def _predicted_s(self, rnd: Round) -> float | None:
+        draft, verify = self.draft.coef(), self.verify.coef()
+        if draft is None or verify is None or self.overhead.value is None:
+            return None
+        return (draft[0] * len(rnd.forwards) + draft[1] * sum(rnd.forwards) + verify[0] + verify[1] * rnd.verified
+                + self.overhead.value)
+
+    def _stalled(self, rnd: Round) -> bool:
+        predicted = self._predicted_s(rnd)
+        if predicted is None or rnd.total_s <= STALL * predicted:
+            self._stalls = 0
+            return False
+        self._stalls += 1
+        return self._stalls < STALL_RUN
+
+    def observe(self, rnd: Round) -> None:
+        if self._boot:
+            self._boot.pop(0)
+        probing, self._probing = self._probing, False
+        self.hazards.add(rnd.slots)
+        if not self._stalled(rnd):
+            if rnd.forwards:
+                self.draft.add(len(rnd.forwards), sum(rnd.forwards), rnd.draft_s)
+            self.verify.add(1.0, rnd.verified or rnd.drafted + 1, rnd.verify_s)
+            self.overhead.add(max(0.0, rnd.total_s - rnd.draft_s - rnd.verify_s), 1.0)
+            verify = self.verify.coef()
+            if probing and verify and verify[0] + verify[1] > 0:
+                self._credit -= rnd.total_s / (verify[0] + verify[1]) - len(rnd.tokens)
+        self._lag = 0 if rnd.forwards else self._lag + len(rnd.tokens)
 
 
 class KSpecError(ValueError, argparse.ArgumentTypeError):

@@ -138,7 +138,9 @@ class RemappedDrafter:
             self.model.forward(encoded, keep=1)
         self.cached = encoded
 
-    def propose(self, seq, k, decoding, generator):
+    def propose(self, seq, k, decoding, generator, shape=None):
+        if shape is not None:
+            raise ValueError("token trees need a draft of the target's own tokenizer (this one is remapped)")
         # Penalties and logit_bias are defined over the target's ids: the draft warps its own rows without them
         # (the rule stays exact for any q; only acceptance pays). In coupled mode the target's argmax decides, so a
         # greedy proposal is as exact as any.

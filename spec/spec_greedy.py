@@ -20,7 +20,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spec.cli import add_model_args, add_run_args, load_from_args
+from spec import tree
+from spec.cli import add_model_args, add_run_args, load_from_args, resolve_tree
 from spec.harness import Setup, k_label, print_rows, run_set
 from spec.io import Results, load_prompts
 from spec.models import dtype_name
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.max_new_tokens < 1:
         parser.error("--max-new-tokens must be >= 1")
+    resolve_tree(parser, args, args.method)
     prompts = load_prompts(args.prompts)[: args.limit or None]
     pair = load_from_args(args, with_draft=args.method == "draft" or args.compare_hf)
     setup = Setup(method=args.method, k=args.k, max_new_tokens=args.max_new_tokens, compare_hf=args.compare_hf,
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     dtype = dtype_name(pair.dtype)
 
     print(f"\n{pair.name}: greedy, method {args.method}, K = {k_label(args.k)}"
-          + (f", tree {','.join(map(str, args.tree))}" if args.tree else "") + f", {len(prompts)} prompts x up to "
+          + (f", tree {tree.describe(args.tree)}" if args.tree else "") + f", {len(prompts)} prompts x up to "
           f"{args.max_new_tokens} tokens, {pair.device} {dtype}"
           + (f", {pair.draft_quant} draft" if pair.draft_quant != "none" else ""))
     print_rows(rows, total, args.compare_hf)
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"transformers: plain {total['hf_plain_tok_s']:.2f} tok/s, assisted {total['hf_assisted_tok_s']:.2f} "
               f"tok/s; ours vs assisted {total['ours_vs_hf_assisted']:.2f}x")
     result = {"task": "spec_greedy", "pair": pair.name, "device": str(pair.device), "draft_quant": pair.draft_quant,
-              "dtype": dtype, "args": {**vars(args), "k": k_label(args.k)},
+              "dtype": dtype, "args": {**vars(args), "k": k_label(args.k),
+                                                   "tree": args.tree and tree.describe(args.tree)},
               "total": total}
     print(f"saved {results.finish(result)}")
     if bug:

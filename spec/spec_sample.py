@@ -22,7 +22,8 @@ import argparse
 import sys
 from dataclasses import replace
 
-from spec.cli import add_model_args, add_run_args, load_from_args
+from spec import tree
+from spec.cli import add_model_args, add_run_args, load_from_args, resolve_tree
 from spec.harness import Setup, k_label, print_rows, ratio, run_loop, run_set
 from spec.io import Results, load_prompts, table
 from spec.models import chat_ids, dtype_name
@@ -57,6 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--temperature must be > 0 (use spec.spec_greedy for greedy decoding)")
     if args.seeds < 1:
         parser.error("--seeds must be >= 1")
+    resolve_tree(parser, args, args.method)
     try:
         args.sampling = Sampling(args.temperature, args.top_k, args.top_p, min_p=args.min_p,
                                  presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
                   seed=args.seed, compare_hf=args.compare_hf, tree=args.tree)
     results = Results("spec_sample")
     args.sampling = sampling.describe()  # for the JSON's args
+    args.tree = args.tree and tree.describe(args.tree)
     if args.coupled:
         report = coupled_runs(pair, prompts, setup, range(args.seed, args.seed + args.seeds), results)
         print(f"\n{pair.name}: coupled vs standard rule, {sampling.describe()}, method {args.method}, "
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     reproducible = None
     if isinstance(args.k, int):
         ids = chat_ids(pair.tokenizer, prompts[0]["prompt"])
-        again = run_loop(pair, args.method, args.k, ids, args.max_new_tokens, sampling, args.seed, args.tree)
+        again = run_loop(pair, args.method, args.k, ids, args.max_new_tokens, sampling, args.seed, setup.tree)
         reproducible = again.tokens == rows[0]["spec_tokens"]
     print(f"\n{pair.name}: sampling {sampling.describe()}, seed={args.seed}, method {args.method}, "
           f"K = {k_label(args.k)}, {pair.device} {dtype_name(pair.dtype)}")

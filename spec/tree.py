@@ -12,13 +12,16 @@ models move their entries to contiguous slots (`Model.keep`). This module is pur
 randomness.
 
 A static shape gives the branching per depth: (3, 2, 1) gives the root 3 children, each of them 2, each of those 1:
-3 + 6 + 6 = 15 nodes, 3 deep. (1,) * K is the chain.
+3 + 6 + 6 = 15 nodes, 3 deep. (1,) * K is the chain. A `Dynamic` tree (EAGLE-2's) is grown from the draft's
+probabilities under a node budget instead (spec/drafters.py), and `Auto` lets a policy choose a static shape each
+round from measurements (spec/policy.py, `TreePolicy`).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -42,6 +45,58 @@ def parse_shape(text: str) -> tuple[int, ...]:
     if nodes_of(shape) > MAX_NODES:
         raise TreeError(f"the shape {text!r} has {nodes_of(shape)} nodes; at most {MAX_NODES} fit one verify forward")
     return shape
+
+
+@dataclass(frozen=True)
+class Dynamic:
+    """A dynamic tree: at most `budget` nodes and K deep, the nodes of the highest path score (the product of the
+    draft's probabilities along the path); each draft forward expands at most `width` nodes, each offering at most
+    `width` children. `ModelDrafter` says how it is grown and why the rules stay exact for it."""
+
+    budget: int
+    width: int
+
+
+@dataclass(frozen=True)
+class Auto:
+    """A static shape of at most `max_nodes` nodes chosen each round by `spec.policy.TreePolicy`."""
+
+    max_nodes: int = 16
+
+
+# Not tuples, so that `isinstance(setting, tuple)` means a static shape.
+DEFAULT_WIDTH = 4  # a dynamic tree's width when not given: a draft forward over 4 nodes costs about one over 1
+
+
+def parse_tree(text: str) -> tuple[int, ...] | Dynamic | Auto:
+    """A --tree setting: "3,2,1" (a static shape, `parse_shape`); "dynamic:16" (a dynamic tree of at most 16 nodes,
+    width min(4, 16)) or "dynamic:16:2" (width 2); "auto" (a policy picks a static shape of at most 16 nodes each
+    round) or "auto:32" (at most 32)."""
+    text = text.strip().lower()
+    kind, _, rest = text.partition(":")
+    if kind == "dynamic":
+        parts = rest.split(":") if rest else []
+        if not 1 <= len(parts) <= 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+            raise TreeError(f"a dynamic tree is 'dynamic:BUDGET' or 'dynamic:BUDGET:WIDTH' (whole numbers >= 1), "
+                            f"got {text!r}")
+        budget = int(parts[0])
+        if budget > MAX_NODES:
+            raise TreeError(f"a dynamic tree of {budget} nodes: at most {MAX_NODES} fit one verify forward")
+        return Dynamic(budget, int(parts[1]) if len(parts) == 2 else min(DEFAULT_WIDTH, budget))
+    if kind == "auto":
+        if rest and not (rest.isdigit() and 1 <= int(rest) <= MAX_NODES):
+            raise TreeError(f"'auto:N' needs a whole number N in 1..{MAX_NODES} (the most nodes), got {text!r}")
+        return Auto(int(rest) if rest else Auto().max_nodes)
+    return parse_shape(text)
+
+
+def describe(spec) -> str:
+    """How a tree setting prints: "3,2,1", "dynamic:16:4", "auto:16"."""
+    if isinstance(spec, Dynamic):
+        return f"dynamic:{spec.budget}:{spec.width}"
+    if isinstance(spec, Auto):
+        return f"auto:{spec.max_nodes}"
+    return ",".join(map(str, spec))
 
 
 def nodes_of(shape: Sequence[int]) -> int:
@@ -87,6 +142,23 @@ def depths(parents: Sequence[int]) -> list[int]:
     return out
 
 
+def visits(parents: Sequence[int], path: Sequence[int]) -> list[tuple[int, int]]:
+    """What the rule saw at each node it visited (the root, then each accepted node): (slot, offered), where
+    offered is the number of the node's children and slot the position (0 = drafted first) of the child the rule
+    descended into, or offered when it left by none. A leaf reached (no children) adds nothing: nothing was offered.
+
+    Example: parents (-1, -1, 0, 0), path [1] -> [(1, 2)]: the root's second child, a leaf; path [0] ->
+    [(0, 2), (2, 2)]: the root's first child, then neither of that node's 2 children."""
+    kids = children(parents)
+    out, node = [], -1
+    for child in path:
+        out.append((kids[node].index(child), len(kids[node])))
+        node = child
+    if kids[node]:
+        out.append((len(kids[node]), len(kids[node])))
+    return out
+
+
 def ancestry(parents: Sequence[int], node: int) -> list[int]:
     """The nodes from the root's child down to `node`, inclusive ([] for the root, -1)."""
     path = []
@@ -105,11 +177,13 @@ def with_prefix(parents: Sequence[int], prefix: int) -> tuple[int, ...]:
 class Draft(NamedTuple):
     """One round's proposal. `tokens` [n] (int64, on the target's device). `q` [n, V]: row i is the distribution
     node i was drawn from (siblings share their parent's row and were drawn from it in node order, without
-    replacement), or None for a deterministic drafter. `parents` is the tree, None for a chain."""
+    replacement), or None for a deterministic drafter. `parents` is the tree, None for a chain. `forwards`: how many
+    tokens each draft forward read (the catch-up first, then each fed depth), for policies that time them."""
 
     tokens: torch.Tensor
     q: torch.Tensor | None = None
     parents: tuple[int, ...] | None = None
+    forwards: tuple[int, ...] = ()  # tokens each of the drafter's forwards read this round (a draft model's)
 
     @classmethod
     def empty(cls, device) -> Draft:

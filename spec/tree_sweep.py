@@ -9,7 +9,10 @@ decoding a tree of top-b children accepts depth d exactly when that rank is belo
 each shape's tokens per target forward without running it. Timed forwards of the draft (over 1..8 tokens) and of
 the target (over 1..nodes+1 tokens) give each shape's round cost, in target steps. Then the chain at K = 4, the best
 chain, the best tree by predicted speed and the tree with the most tokens per forward (within --max-nodes) run
-for real through the loop: tokens per target forward, decode speed against plain decoding, and identity.
+for real through the loop: tokens per target forward, decode speed against plain decoding, and identity. So do a
+dynamic tree of --max-nodes nodes (EAGLE-2's, at most --max-depth deep) and the tree policy (`--tree auto`: one
+policy learning over the prompts, as a server's would), which the replay cannot predict (their trees depend on the
+draft's probabilities, or on what the policy has measured); their "nodes" is the mean nodes a round.
 
 Writes results/tree_sweep-<time>.json (+ .jsonl rows as they finish, + .png).
 """
@@ -26,7 +29,8 @@ from spec.cli import add_model_args, load_from_args
 from spec.harness import explain_divergence, forward_times, run_loop
 from spec.io import Results, load_prompts, table
 from spec.models import chat_ids, dtype_name
-from spec.tree import nodes_of, parse_shape, widths
+from spec.policy import TreePolicy
+from spec.tree import Auto, Dynamic, describe, nodes_of, parse_tree, widths
 
 
 def ranks_of(pair, ids: list[int], tokens: list[int]) -> list[int]:
@@ -81,12 +85,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
     g.add_argument("--max-nodes", type=int, default=16, help="largest tree considered, in nodes (default 16)")
     g.add_argument("--max-depth", type=int, default=8, help="deepest tree considered (default 8)")
-    g.add_argument("--trees", type=lambda text: [parse_shape(t) for t in text.split(";") if t.strip()],
-                   default=[], help="more shapes to run, ';'-separated, e.g. '3,2,1;2,2,1,1'")
+    g.add_argument("--trees", type=lambda text: [parse_tree(t) for t in text.split(";") if t.strip()],
+                   default=None, help="more trees to run, ';'-separated: static shapes, dynamic:N[:W], auto[:N], "
+                                      "e.g. '3,2,1;2,2,1,1;dynamic:8' (default: dynamic:MAX_NODES;auto:MAX_NODES)")
     g.add_argument("--trials", type=int, default=3, help="timed forwards per size (median; default 3)")
     args = parser.parse_args(argv)
     if args.max_new_tokens < 2 or not 1 <= args.max_nodes <= 64 or args.max_depth < 1 or args.trials < 1:
         parser.error("--max-new-tokens >= 2, --max-nodes in 1..64, --max-depth >= 1 and --trials >= 1")
+    if args.trees is None:
+        args.trees = [Dynamic(args.max_nodes, min(4, args.max_nodes)), Auto(args.max_nodes)]
     return args
 
 
@@ -109,46 +116,55 @@ def main(argv=None) -> dict:
 
     shapes = calc.tree_shapes(args.max_nodes, args.max_depth)
     chains = [(1,) * k for k in range(1, 9)]
-    longest = max(max(widths(s)[:-1] or [1]) for s in [*shapes, *args.trees])
+    static = [t for t in args.trees if isinstance(t, tuple)]
+    longest = max(max(widths(s)[:-1] or [1]) for s in [*shapes, *static])
     first_ids = ids_of[prompts[0]["id"]]
     context = first_ids + plain[prompts[0]["id"]].tokens
     draft_cost, verify, step = costs(pair, context, longest, max(nodes_of(s) for s in [*shapes, *chains,
-                                                                                      *args.trees]) + 1, args.trials)
-    predicted = predict(sorted({*shapes, *chains, *args.trees}, key=lambda s: (nodes_of(s), s)), texts, draft_cost,
+                                                                                      *static]) + 1, args.trials)
+    predicted = predict(sorted({*shapes, *chains, *static}, key=lambda s: (nodes_of(s), s)), texts, draft_cost,
                         verify)
     by_shape = {p["shape"]: p for p in predicted}
     best_chain = max((p for p in predicted if p["chain"]), key=lambda p: p["predicted_speedup"])
     trees = [p for p in predicted if not p["chain"] and p["nodes"] <= args.max_nodes]
     best_tree = max(trees, key=lambda p: p["predicted_speedup"])
     deepest = max(trees, key=lambda p: (p["tokens_per_forward"], -p["nodes"]))
-    runs = ["1,1,1,1", best_chain["shape"], best_tree["shape"], deepest["shape"],
-            *[",".join(map(str, s)) for s in args.trees]]
+    runs = ["1,1,1,1", best_chain["shape"], best_tree["shape"], deepest["shape"], *map(describe, args.trees)]
     runs = list(dict.fromkeys(runs))
 
     measured = []
+    nan = float("nan")
     for shape_text in log.bar(iterable=runs, desc="measured runs"):
-        shape = parse_shape(shape_text)
-        tree = None if set(shape) == {1} else shape
-        tokens = rounds = 0
+        setting = parse_tree(shape_text)
+        if isinstance(setting, tuple):
+            k, tree = len(setting), None if set(setting) == {1} else setting
+        elif isinstance(setting, Dynamic):
+            k, tree = args.max_depth, setting
+        else:  # one policy for the whole prompt set, as a server keeps one across requests
+            k, tree = TreePolicy(max_depth=args.max_depth, max_nodes=setting.max_nodes), None
+        tokens = rounds = drafted = 0
         spec_s = plain_s = 0.0
         identical = near_ties = 0
         for prompt in prompts:
             ids = ids_of[prompt["id"]]
-            result = run_loop(pair, "draft", len(shape), ids, n, tree=tree)
+            result = run_loop(pair, "draft", k, ids, n, tree=tree)
             base = plain[prompt["id"]]
             same = result.tokens == base.tokens
             identical += same
             if not same:
-                why = explain_divergence(pair.target, ids, base.tokens, result.tokens, nodes_of(shape))
+                why = explain_divergence(pair.target, ids, base.tokens, result.tokens,
+                                         max(r.drafted for r in result.rounds))
                 near_ties += why["near_tie"]
             tokens, rounds = tokens + len(result.tokens), rounds + len(result.rounds)
+            drafted += result.drafted
             spec_s, plain_s = spec_s + result.decode_s, plain_s + base.decode_s
             results.add({"shape": shape_text, "id": prompt["id"], "tokens": len(result.tokens),
                          "rounds": len(result.rounds), "decode_s": result.decode_s, "plain_decode_s": base.decode_s,
                          "identical": same})
-        guess = by_shape[shape_text]
+        guess = by_shape.get(shape_text, {"tokens_per_forward": nan, "predicted_speedup": nan})
         measured.append({
-            "shape": shape_text, "nodes": nodes_of(shape), "depth": len(shape),
+            "shape": shape_text, "nodes": nodes_of(setting) if isinstance(setting, tuple) else drafted / rounds,
+            "depth": len(setting) if isinstance(setting, tuple) else args.max_depth,
             "tokens_per_forward": tokens / rounds, "predicted_tokens_per_forward": guess["tokens_per_forward"],
             "speedup": plain_s / spec_s, "predicted_speedup": guess["predicted_speedup"],
             "prediction_error": guess["predicted_speedup"] / (plain_s / spec_s) - 1,
@@ -168,12 +184,12 @@ def main(argv=None) -> dict:
                 [("shape", "s"), ("nodes", "d"), ("tokens_per_forward", ".2f"), ("cost_steps", ".2f"),
                  ("predicted_speedup", ".2f")]))
     print("\nmeasured (the first row is the chain at K = 4):")
-    print(table(measured, [("shape", "s"), ("nodes", "d"), ("tokens_per_forward", ".2f"),
+    print(table(measured, [("shape", "s"), ("nodes", ".1f"), ("tokens_per_forward", ".2f"),
                            ("predicted_tokens_per_forward", ".2f"), ("tokens_per_forward_vs_chain4", ".2f"),
                            ("speedup", ".2f"), ("predicted_speedup", ".2f"), ("prediction_error", "+.1%"),
                            ("identical", "s")]))
     result = {"task": "tree_sweep", "pair": pair.name, "device": str(pair.device), "dtype": dtype_name(pair.dtype),
-              "args": {**vars(args), "trees": [",".join(map(str, s)) for s in args.trees]},
+              "args": {**vars(args), "trees": [describe(t) for t in args.trees]},
               "target_step_s": step, "draft_cost": draft_cost, "verify": verify, "rank_probs": rank_probs,
               "predicted": predicted, "measured": measured}
     path = results.finish(result)

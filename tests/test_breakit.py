@@ -84,7 +84,7 @@ def test_softmax_q_drafter_drafts_the_argmax_and_reports_the_softmax(tiny, promp
     sampling = Sampling(1.0)
     drafter = SoftmaxQDrafter(tiny.draft)
     tiny.draft.reset()
-    drafts, q, _ = drafter.propose(prompt, 3, Decoding(sampling), torch.Generator().manual_seed(0))
+    drafts, q, *_ = drafter.propose(prompt, 3, Decoding(sampling), torch.Generator().manual_seed(0))
     tiny.draft.reset()
     logits = tiny.draft.forward([*prompt, *drafts[:2].tolist()])[-3:]
     tiny.draft.reset()
@@ -171,12 +171,12 @@ def test_remapped_same_model_drafts_what_the_model_itself_drafts(tiny, prompt):
     itself = ModelDrafter(tiny.draft)
     longer = prompt + tiny.tokenizer(" return a + b").input_ids  # not what was drafted: the cache must catch up
     for seq in (prompt, longer, prompt):
-        mine, _, _ = drafter.propose(seq, 4, Decoding(Sampling()), None)
+        mine, _, *_ = drafter.propose(seq, 4, Decoding(Sampling()), None)
         tiny.draft.reset()
-        theirs, _, _ = itself.propose(seq, 4, Decoding(Sampling()), None)
+        theirs, _, *_ = itself.propose(seq, 4, Decoding(Sampling()), None)
         assert mine.tolist() == theirs.tolist()
     sampling = Sampling(0.8, top_k=50)
-    _, q_mine, _ = drafter.propose(longer, 1, Decoding(sampling), torch.Generator().manual_seed(0))
+    _, q_mine, *_ = drafter.propose(longer, 1, Decoding(sampling), torch.Generator().manual_seed(0))
     tiny.draft.reset()
     q_theirs = warp(tiny.draft.forward(longer)[-1], sampling)
     tiny.draft.reset()
@@ -221,11 +221,11 @@ def test_larger_draft_vocabulary_never_reaches_the_target(tiny, prompt):
     a, b = tiny.tokenizer.convert_tokens_to_ids(["a", "b"])
     draft = ScriptedDraft(favourite={prompt[-1]: a, a: b, b: 280})  # ... then an id the target does not have
     drafter = RemappedDrafter(draft, draft_tok, tiny.tokenizer, target_vocab)
-    drafts, q, _ = drafter.propose(prompt, 4, Decoding(Sampling()), None)
+    drafts, q, *_ = drafter.propose(prompt, 4, Decoding(Sampling()), None)
     assert drafts.tolist() == [a, b]  # stopped at the unmappable 280
     # Sampling: q is the draft's distribution folded onto the target's ids and renormalised.
     drafter.rollback(0)
-    drafts, q, _ = drafter.propose(prompt, 1, Decoding(Sampling(1.0)), torch.Generator().manual_seed(0))
+    drafts, q, *_ = drafter.propose(prompt, 1, Decoding(Sampling(1.0)), torch.Generator().manual_seed(0))
     q_draft = draft.table[prompt[-1]].softmax(-1)
     assert q.shape == (1, target_vocab)
     # float32: the same 259 values over their sum, summed in any order: worst case 259 eps32 = 1.5e-5 relative

@@ -9,7 +9,7 @@ import sys
 import uvicorn
 
 from spec import log
-from spec.cli import add_model_args, add_tree_arg, load_from_args
+from spec.cli import add_model_args, add_tree_arg, load_from_args, resolve_tree
 from spec.models import resolve_pair
 from spec.policy import parse_k
 from spec.serving.app import create_app
@@ -60,6 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.queue, args.max_body, args.max_model_len or 2) < 1 or args.request_timeout <= 0:
         parser.error("--queue, --request-timeout, --max-body and --max-model-len must be positive")
+    resolve_tree(parser, args, args.method)
     if args.drain_seconds < 0:
         parser.error("--drain-seconds must be >= 0")
     if args.api_key_file:

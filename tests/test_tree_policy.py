@@ -1,0 +1,121 @@
+"""The tree policy (spec.policy.TreePolicy) on hand-made rounds: which shape it picks for known acceptance and costs,
+its estimators, and one run of the whole loop with it on the tiny pair."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+from spec import calc, tree
+from spec.drafters import ModelDrafter, NoDrafter
+from spec.loop import Round, generate
+from spec.policy import LineFit, SlotHazards, TreePolicy
+
+STEP = 0.01  # seconds: a target forward of one token in the synthetic world
+
+
+def simulate(policy, hazards, draft=(0.1, 0.0), verify=(1.0, 0.0), rounds=400, seed=0):
+    """Drive `policy` with rounds of a world where, at every node, the target's token is the draft's rank-r choice
+    with hazard hazards[r] (P(rank r | not below r); ranks past the list never match), a draft forward of w tokens
+    takes (draft[0] + draft[1] w) target steps and a verify over n tokens (verify[0] + verify[1] (n - 1)). The
+    rounds are built as the loop builds them (slots, forwards, verified). Returns the choices."""
+    gen = torch.Generator().manual_seed(seed)
+    choices = []
+    for _ in range(rounds):
+        want = policy.next_k()
+        shape = want if isinstance(want, tuple) else ()
+        choices.append(shape)
+        slots = []
+        for b in shape:
+            rank = 0
+            while rank < b and not (rank < len(hazards) and torch.rand((), generator=gen).item() < hazards[rank]):
+                rank += 1
+            slots.append((rank, b))
+            if rank == b:
+                break
+        accepted = sum(1 for slot, offered in slots if slot < offered)
+        nodes = tree.nodes_of(shape)
+        forwards = (1, *tree.widths(shape)[:-1]) if shape else ()
+        draft_s = sum(draft[0] + draft[1] * w for w in forwards) * STEP
+        verify_s = (verify[0] + verify[1] * nodes) * STEP
+        policy.observe(Round([0] * (accepted + 1), nodes, accepted, draft_s, verify_s, draft_s + verify_s,
+                             slots=slots, forwards=forwards, verified=nodes + 1))
+    return choices
+
+
+def settled(choices, last=100):
+    """The most frequent choice of the last rounds, and its share."""
+    shape, count = Counter(choices[-last:]).most_common(1)[0]
+    return shape, count / last
+
+
+def test_a_bushy_tree_when_second_choices_are_often_right_and_verifying_is_cheap():
+    """Rank-1 hazard 0.6 and a flat verify curve: a tree with some node of 2 or more children beats every chain."""
+    choices = simulate(TreePolicy(max_depth=4), hazards=[0.6, 0.6, 0.4, 0.3], draft=(0.05, 0.005),
+                       verify=(1.0, 0.002))
+    shape, share = settled(choices)
+    assert max(shape) > 1 and share >= 0.9
+    # the formula agrees: the best tree predicted with the true hazards beats the best chain
+    leave = SlotHazards(1, 0.0)
+    leave.hazard = lambda d, r: [0.6, 0.6, 0.4, 0.3][r]
+    assert calc.tree_tokens_by_depth(shape, leave.leave) > calc.tree_tokens_by_depth((1,) * 4, leave.leave)
+
+
+def test_the_chain_when_branches_are_never_taken():
+    """The draft's second choices never match: rank-1 hazard 0. The policy learns it from the trees it tries and
+    settles on a chain (every node 1 child)."""
+    choices = simulate(TreePolicy(max_depth=4), hazards=[0.7], draft=(0.05, 0.005), verify=(1.0, 0.002))
+    shape, share = settled(choices)
+    assert shape and set(shape) == {1} and share >= 0.9
+
+
+def test_no_speculation_when_the_draft_costs_more_than_it_saves():
+    """A draft forward costing 0.9 target steps at acceptance 0.5: a K = 1 round costs 1.9 steps for 1.5 tokens;
+    every tree is worse. The policy turns speculation off, probing within its budget only."""
+    choices = simulate(TreePolicy(max_depth=4), hazards=[0.5, 0.2], draft=(0.9, 0.0), verify=(1.0, 0.01))
+    shape, share = settled(choices, last=200)
+    assert shape == () and share >= 0.95
+
+
+def test_the_policy_is_deterministic():
+    first = simulate(TreePolicy(max_depth=4), hazards=[0.6, 0.5, 0.3], draft=(0.1, 0.01), verify=(1.0, 0.01))
+    assert first == simulate(TreePolicy(max_depth=4), hazards=[0.6, 0.5, 0.3], draft=(0.1, 0.01),
+                             verify=(1.0, 0.01))
+    assert len(set(first)) > 1  # it did choose, not repeat one shape
+
+
+def test_slot_hazards_count_censored_nodes_only_below_what_they_offered():
+    hazards = SlotHazards(1e9, prior=0.5)  # no decay
+    for _ in range(98):
+        hazards.add([(1, 1)])  # a chain's miss: rank 0 failed, rank 1 unknown
+    hazards.add([(1, 2)])  # rank 1 taken once, at depth 1
+    hazards.add([(0, 1), (1, 1)])  # rank 0 at depth 1, a miss at depth 2
+    # rank 0 over all depths: 1 hit in 101 tries, shrunk toward the prior 0.5 with weight 2; depth 1 alone: 1 in
+    # 100, shrunk toward that
+    pooled = (1 + 2 * 0.5) / (101 + 2)
+    assert hazards.hazard(1, 0) == pytest.approx((1 + 2 * pooled) / (100 + 2))
+    # rank 1: offered once (the chains' misses say nothing of it), taken once
+    assert hazards.hazard(1, 1) == pytest.approx((1 + 2 * (1 + 1) / (1 + 2)) / (1 + 2))
+    assert hazards.hazard(3, 2) == 0.5  # never offered: the prior
+    assert hazards.leave(1, 2) == pytest.approx(1 - (1 - hazards.hazard(1, 0)) * (1 - hazards.hazard(1, 1)))
+
+
+def test_line_fit_keeps_one_term_until_the_two_can_be_told_apart():
+    fit = LineFit(1e9)
+    fit.add(1, 1, 3.0)
+    fit.add(2, 2, 6.0)  # x2 / x1 constant: 3 per x1, nothing known of x2 alone
+    assert fit.coef() == pytest.approx((3.0, 0.0))
+    fit.add(2, 6, 10.0)  # now y = 2 x1 + x2 fits all three
+    assert fit.coef() == pytest.approx((2.0, 1.0))
+    fit.add(1, 0, -5.0)  # a negative term is clamped: the better one-term fit
+    a, b = fit.coef()
+    assert a >= 0 and b >= 0
+
+
+def test_the_whole_loop_with_the_tree_policy_writes_plain_greedy_text(tiny):
+    prompt = list(b"def fibonacci(n):\n    ")
+    plain = generate(tiny.target, NoDrafter(), prompt, 60, k=0).tokens
+    policy = TreePolicy(max_depth=4)
+    result = generate(tiny.target, ModelDrafter(tiny.draft), prompt, 60, k=policy)
+    assert result.tokens == plain
+    assert any(r.drafted > len(r.slots) + 1 for r in result.rounds)  # some rounds were trees, not chains
