@@ -12,6 +12,7 @@ from spec.drafters import ModelDrafter, NoDrafter
 from spec.loop import generate
 from spec.models import ModelError, load_pair
 from spec.models import quant as qz
+from spec.models.synthetic import build_tiny
 from spec.warps import Sampling
 
 
@@ -120,3 +121,102 @@ def test_real_pair_with_an_int4_draft_is_plain_greedy():
     plain = generate(pair.target, NoDrafter(pair.device), prompt, 24, k=0)
     spec = generate(pair.target, ModelDrafter(pair.draft), prompt, 24, k=4)
     assert spec.tokens == plain.tokens and spec.accepted > 0
+
+
+# ---- the cache of packed weights -------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True, scope="module")
+def private_cache(tmp_path_factory):
+    """Every load in this module caches its packed weights in a folder of its own, never the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        root = tmp_path_factory.mktemp("cache")
+        patch.setattr(qz, "cache_root", lambda: root)
+        yield root
+
+
+def quantize_tiny(scheme: str, which: str = "draft") -> tuple[torch.nn.Module, dict]:
+    model = build_tiny(which, torch.device("cpu"), torch.float32)
+    return model, qz.quantize_model(model, scheme)
+
+
+def layers(model) -> dict[str, qz.QuantLinear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, qz.QuantLinear)}
+
+
+@pytest.fixture
+def counted_packs(monkeypatch):
+    """The number of pack() calls (one per layer quantized)."""
+    calls = []
+    pack = qz.pack
+    monkeypatch.setattr(qz, "pack", lambda *a, **k: calls.append(a[1]) or pack(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_a_second_load_reads_the_cache_and_gives_the_same_layers(scheme, counted_packs, monkeypatch):
+    first, done = quantize_tiny(scheme, "target")
+    assert done["cache"].startswith("quantized") and len(counted_packs) == done["layers"] == 15
+    monkeypatch.setattr(qz, "pack", lambda *a, **k: pytest.fail("the second load quantized again"))
+    second, again = quantize_tiny(scheme, "target")
+    assert again["cache"] == "cached"
+    one, two = layers(first), layers(second)
+    assert one.keys() == two.keys() and len(one) == 15
+    x = torch.randn(3, 64)
+    for name in one:
+        assert one[name].codes.dtype == two[name].codes.dtype and torch.equal(one[name].codes, two[name].codes)
+        assert torch.equal(one[name].scales, two[name].scales), name
+        if one[name].in_features == 64:
+            assert torch.equal(one[name](x), two[name](x))
+
+
+@pytest.mark.parametrize("change", ["cache_format", "torch"])
+def test_a_changed_key_rebuilds(change, counted_packs, monkeypatch):
+    quantize_tiny("int8")
+    counted_packs.clear()
+    if change == "torch":  # another torch may lay the packed codes out otherwise
+        monkeypatch.setattr(qz.torch, "__version__", "0.0.0-another")
+    else:
+        monkeypatch.setattr(qz, "CACHE_FORMAT", qz.CACHE_FORMAT + 1)
+    _, done = quantize_tiny("int8")
+    assert len(counted_packs) == 15 and f"stale entry ({change} changed)" in done["cache"]
+    _, again = quantize_tiny("int8")
+    assert again["cache"] == "cached" and len(counted_packs) == 15
+
+
+def test_other_source_weights_are_another_entry(counted_packs):
+    quantize_tiny("int8", "draft")
+    quantize_tiny("int8", "target")
+    counted_packs.clear()
+    _, draft = quantize_tiny("int8", "draft")
+    _, target = quantize_tiny("int8", "target")
+    assert draft["cache"] == target["cache"] == "cached" and not counted_packs
+    with torch.no_grad():
+        model = build_tiny("draft", torch.device("cpu"), torch.float32)
+        model.model.layers[1].mlp.down_proj.weight[3, 5] += 1e-3  # one weight of 16,640 changed
+    assert "quantized" in qz.quantize_model(model, "int8")["cache"] and len(counted_packs) == 15
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "manifest"])
+def test_a_corrupt_entry_is_rebuilt_not_used(damage, counted_packs):
+    fresh, _ = quantize_tiny("int4", "draft")
+    key = qz.cache_key(qz.weights_digest([(n, m) for n, m in build_tiny("draft", "cpu", torch.float32)
+                                          .named_modules() if isinstance(m, torch.nn.Linear)]), "int4")
+    folder = qz.cache_folder(key)
+    data = folder / "weights.safetensors"
+    raw = bytearray(data.read_bytes())
+    if damage == "flipped byte":
+        raw[-100] ^= 0x10  # inside the last tensor's bytes: the file still parses
+        data.write_bytes(bytes(raw))
+    elif damage == "truncated":
+        data.write_bytes(bytes(raw[: len(raw) // 2]))
+    else:
+        (folder / "manifest.json").write_text("{")
+    counted_packs.clear()
+    rebuilt, done = quantize_tiny("int4", "draft")
+    assert len(counted_packs) == 15 and ("corrupt" in done["cache"] or "unreadable" in done["cache"])
+    for name, layer in layers(fresh).items():
+        assert torch.equal(layer.codes, layers(rebuilt)[name].codes) and torch.equal(layer.scales,
+                                                                                     layers(rebuilt)[name].scales)
+    _, again = quantize_tiny("int4", "draft")
+    assert again["cache"] == "cached"
