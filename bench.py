@@ -234,6 +234,15 @@ async def served_model(client: openai.AsyncOpenAI, wanted: str | None) -> tuple[
     return card.id, (card.model_extra or {}).get("speculation") or {}
 
 
+def precision(served: dict) -> str:
+    """The server's dtype, and its weight formats where they are not the dtype's: a quantized target is another
+    model, so its row must say so."""
+    parts = [served.get("dtype", "—")]
+    parts += [f"{served[key]} {role}" for key, role in (("target_quant", "target"), ("draft_quant", "draft"))
+              if served.get(key, "none") != "none"]
+    return ", ".join(parts)
+
+
 def conditions(args) -> str:
     """The row's note: the workload, then the user's change note."""
     parts = [f"{Path(args.prompts).stem} ×{args.n}", f"max {args.max_tokens} tok"]
@@ -307,7 +316,7 @@ async def bench(args) -> dict:
         labels = {
             "date": datetime.now(UTC).strftime("%Y-%m-%d"), "target": args.target,
             "hardware": args.hardware or default_hardware(), "model": model,
-            "precision": args.precision or served.get("dtype", "—"), "method": args.method or served.get("method", "—"),
+            "precision": args.precision or precision(served), "method": args.method or served.get("method", "—"),
             "k": args.k or served.get("k", "—"), "change": conditions(args),
         }
         for i in range(args.warmup):
@@ -321,7 +330,7 @@ async def bench(args) -> dict:
         await http.aclose()
     config = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()
               if key != "api_key"}
-    return {"labels": labels, "config": config, "levels": levels}
+    return {"labels": labels, "config": config, "served": served, "levels": levels}
 
 
 def main(argv=None) -> int:

@@ -17,6 +17,7 @@ from spec.drafters import NoDrafter
 from spec.io import save_json
 from spec.loop import generate
 from spec.models import chat_ids, dtype_name, sync_time
+from spec.models.quant_report import describe
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -35,7 +36,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     print(f"pair      {pair.name} ({pair.why})")
     print(f"device    {pair.device}, {dtype_name(pair.dtype)}" + (f", {pair.draft_quant} draft weights"
-                                                                   if pair.draft_quant != "none" else ""))
+                                                                   if pair.draft_quant != "none" else "")
+          + (f", {pair.target_quant} TARGET weights (a changed model)" if pair.target_quant != "none" else ""))
+    if pair.target_report:
+        print(f"quantized {describe(pair.target_report, dtype_name(pair.dtype))}")
     print(f"target    {target.weight_bytes() / 1e9:.2f} GB, {rows(target):,} embedding rows, "
           f"loaded in {pair.load_seconds['target']:.1f} s")
     if draft is not None:
@@ -53,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"plain greedy: {len(result.tokens)} tokens in {seconds:.2f} s ({len(result.tokens) / seconds:.2f} tok/s, "
           f"prompt of {len(ids)} tokens prefilled in {result.prefill_s:.2f} s)")
     out = {"task": "check_pair", "pair": pair.name, "why": pair.why, "device": str(pair.device),
-           "dtype": dtype_name(pair.dtype), "draft_quant": pair.draft_quant, "load_seconds": pair.load_seconds,
+           "dtype": dtype_name(pair.dtype), **pair.quant_setup(), "load_seconds": pair.load_seconds,
            "vocab": target.vocab, "tokens": len(result.tokens), "seconds": seconds,
            "tok_s": len(result.tokens) / seconds}
     print(f"saved {save_json('check_pair', out)}")

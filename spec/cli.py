@@ -7,6 +7,7 @@ import functools
 import sys
 
 from spec import log, tree
+from spec.io import load_prompts
 from spec.models import BACKENDS, PAIR_CHOICES, PAIRS, ModelError, Pair, load_pair
 from spec.models.quant import QUANTS
 from spec.policy import TreePolicy, parse_k
@@ -26,6 +27,10 @@ def add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None:
                             "acceptance rule keeps the target's distribution for any draft (docs/quantization.md)")
         g.add_argument("--allow-other-family", action="store_true",
                        help="accept a draft whose tokenizer differs (ids are remapped; an experiment, not a speedup)")
+    g.add_argument("--target-quant", default="none", choices=QUANTS,
+                   help="the target's weights, the same formats: CHANGES THE MODEL (off by default). Answers are "
+                        "then the quantized target's, exactness is against it, and its greedy agreement and mean "
+                        "KL against the unquantized target are measured at load and reported (docs/quantization.md)")
     g.add_argument("--device", help="cuda, mps or cpu (default: the first available in that order)")
     g.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
                    help="default bfloat16 (float16 on mps; the tiny pair uses float32)")
@@ -95,14 +100,27 @@ def check_tree(args: argparse.Namespace, pair: Pair) -> None:
         sys.exit("error: token trees run on the eager backend for now: add --backend eager")
 
 
-def load_from_args(args: argparse.Namespace, with_draft: bool = True) -> Pair:
-    """Load the pair the flags name; model errors end the program with their message, not a traceback."""
+REPORT_PROMPTS, REPORT_LIMIT, REPORT_TOKENS = "short", 3, 32  # --target-quant's report where a task has no set
+
+
+def load_from_args(args: argparse.Namespace, with_draft: bool = True, report_prompts: list[dict] | None = None,
+                   report_tokens: int | None = None, reference=None) -> Pair:
+    """Load the pair the flags name; model errors end the program with their message, not a traceback.
+
+    With --target-quant, the quantized target is measured against the unquantized one on `report_prompts` (the
+    task's own prompts, `report_tokens` each) or, for tasks without a prompt set (the server, check_pair), on
+    the first REPORT_LIMIT `short` prompts x REPORT_TOKENS tokens; `reference` reuses one measured earlier."""
     log.QUIET = getattr(args, "quiet", False)
+    target_quant = getattr(args, "target_quant", "none")
+    if target_quant != "none" and report_prompts is None and reference is None:
+        report_prompts, report_tokens = load_prompts(REPORT_PROMPTS)[:REPORT_LIMIT], REPORT_TOKENS
     try:
         pair = load_pair(
             args.pair, target=args.target, draft=getattr(args, "draft", None), device=args.device, dtype=args.dtype,
             with_draft=with_draft, allow_other_family=getattr(args, "allow_other_family", False),
-            backend=args.backend, draft_quant=getattr(args, "draft_quant", "none"),
+            backend=args.backend, draft_quant=getattr(args, "draft_quant", "none"), target_quant=target_quant,
+            report_prompts=[p["prompt"] for p in report_prompts] if report_prompts else None,
+            report_tokens=report_tokens or REPORT_TOKENS, reference=reference,
         )
     except ModelError as err:
         sys.exit(f"error: {err}")

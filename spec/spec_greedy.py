@@ -25,6 +25,7 @@ from spec.cli import add_model_args, add_run_args, load_from_args, resolve_tree
 from spec.harness import Setup, k_label, print_rows, run_set
 from spec.io import Results, load_prompts
 from spec.models import dtype_name
+from spec.models.quant_report import describe
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -42,7 +43,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--max-new-tokens must be >= 1")
     resolve_tree(parser, args, args.method)
     prompts = load_prompts(args.prompts)[: args.limit or None]
-    pair = load_from_args(args, with_draft=args.method == "draft" or args.compare_hf)
+    pair = load_from_args(args, with_draft=args.method == "draft" or args.compare_hf, report_prompts=prompts,
+                          report_tokens=args.max_new_tokens)
     setup = Setup(method=args.method, k=args.k, max_new_tokens=args.max_new_tokens, compare_hf=args.compare_hf,
                   tree=args.tree)
     results = Results("spec_greedy")
@@ -52,7 +54,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\n{pair.name}: greedy, method {args.method}, K = {k_label(args.k)}"
           + (f", tree {tree.describe(args.tree)}" if args.tree else "") + f", {len(prompts)} prompts x up to "
           f"{args.max_new_tokens} tokens, {pair.device} {dtype}"
-          + (f", {pair.draft_quant} draft" if pair.draft_quant != "none" else ""))
+          + (f", {pair.draft_quant} draft" if pair.draft_quant != "none" else "")
+          + (f", {pair.target_quant} TARGET (a changed model)" if pair.target_quant != "none" else ""))
     print_rows(rows, total, args.compare_hf)
     print(f"\nanswer to {rows[0]['id']}:\n{rows[0]['text']}\n")
     for row in rows:
@@ -63,21 +66,24 @@ def main(argv: list[str] | None = None) -> dict:
                   f"between a 1-token step and a K+1 verify {d['shape_error']:.4f}: "
                   f"{'a near-tie (rounding)' if d['near_tie'] else 'NOT a near-tie: a bug'}")
     bug = total["divergences"] > total["near_ties"]
+    plain = "plain greedy decoding" + (f" of the {pair.target_quant} target" if pair.target_quant != "none" else "")
     if total["identical"]:
-        verdict = "IDENTICAL to plain greedy decoding"
+        verdict = f"IDENTICAL to {plain}"
     elif not bug:
-        verdict = (f"identical to plain greedy decoding except at {total['near_ties']} {dtype} near-tie(s), "
+        verdict = (f"identical to {plain} except at {total['near_ties']} {dtype} near-tie(s), "
                    "where the target's top two logits are closer than its own rounding between shapes (run with "
                    "--dtype float32 for token-for-token identity)")
     else:
-        verdict = "DIFFERENT from plain greedy decoding"
+        verdict = f"DIFFERENT from {plain}"
     print(f"speculative output is {verdict} on {len(rows)} prompts; alpha-hat {total['alpha']:.2f}, "
           f"{total['tokens_per_round']:.2f} tokens/round, {total['spec_tok_s']:.2f} vs {total['plain_tok_s']:.2f} "
           f"tok/s plain = {total['speedup']:.2f}x")
+    if pair.target_report:
+        print(f"the served target is another model: {describe(pair.target_report, dtype)}")
     if args.compare_hf:
         print(f"transformers: plain {total['hf_plain_tok_s']:.2f} tok/s, assisted {total['hf_assisted_tok_s']:.2f} "
               f"tok/s; ours vs assisted {total['ours_vs_hf_assisted']:.2f}x")
-    result = {"task": "spec_greedy", "pair": pair.name, "device": str(pair.device), "draft_quant": pair.draft_quant,
+    result = {"task": "spec_greedy", "pair": pair.name, "device": str(pair.device), **pair.quant_setup(),
               "dtype": dtype, "args": {**vars(args), "k": k_label(args.k),
                                                    "tree": args.tree and tree.describe(args.tree)},
               "total": total}

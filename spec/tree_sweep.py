@@ -189,6 +189,7 @@ def main(argv=None) -> dict:
                            ("speedup", ".2f"), ("predicted_speedup", ".2f"), ("prediction_error", "+.1%"),
                            ("identical", "s")]))
     result = {"task": "tree_sweep", "pair": pair.name, "device": str(pair.device), "dtype": dtype_name(pair.dtype),
+              **pair.quant_setup(),
               "args": {**vars(args), "trees": [describe(t) for t in args.trees]},
               "target_step_s": step, "draft_cost": draft_cost, "verify": verify, "rank_probs": rank_probs,
               "predicted": predicted, "measured": measured}

@@ -2,7 +2,10 @@
 for, clear errors, and the answers unchanged: greedy identity and the whole loop's law with int8 and int4 drafts."""
 
 import argparse
+import json
+import math
 
+import httpx
 import pytest
 import torch
 
@@ -10,8 +13,10 @@ from spec import dist_test as dt
 from spec.cli import add_model_args
 from spec.drafters import ModelDrafter, NoDrafter
 from spec.loop import generate
-from spec.models import ModelError, load_pair
+from spec.models import EagerModel, ModelError, chat_ids, load_pair
 from spec.models import quant as qz
+from spec.models import quant_report as qr
+from spec.models.synthetic import build_tiny
 from spec.warps import Sampling
 
 
@@ -120,3 +125,255 @@ def test_real_pair_with_an_int4_draft_is_plain_greedy():
     plain = generate(pair.target, NoDrafter(pair.device), prompt, 24, k=0)
     spec = generate(pair.target, ModelDrafter(pair.draft), prompt, 24, k=4)
     assert spec.tokens == plain.tokens and spec.accepted > 0
+
+
+# ---- the cache of packed weights -------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True, scope="module")
+def private_cache(tmp_path_factory):
+    """Every load in this module caches its packed weights in a folder of its own, never the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        root = tmp_path_factory.mktemp("cache")
+        patch.setattr(qz, "cache_root", lambda: root)
+        yield root
+
+
+def quantize_tiny(scheme: str, which: str = "draft") -> tuple[torch.nn.Module, dict]:
+    model = build_tiny(which, torch.device("cpu"), torch.float32)
+    return model, qz.quantize_model(model, scheme)
+
+
+def layers(model) -> dict[str, qz.QuantLinear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, qz.QuantLinear)}
+
+
+@pytest.fixture
+def counted_packs(monkeypatch):
+    """The number of pack() calls (one per layer quantized)."""
+    calls = []
+    pack = qz.pack
+    monkeypatch.setattr(qz, "pack", lambda *a, **k: calls.append(a[1]) or pack(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_a_second_load_reads_the_cache_and_gives_the_same_layers(scheme, counted_packs, monkeypatch):
+    first, done = quantize_tiny(scheme, "target")
+    assert done["cache"].startswith("quantized") and len(counted_packs) == done["layers"] == 15
+    monkeypatch.setattr(qz, "pack", lambda *a, **k: pytest.fail("the second load quantized again"))
+    second, again = quantize_tiny(scheme, "target")
+    assert again["cache"] == "cached"
+    one, two = layers(first), layers(second)
+    assert one.keys() == two.keys() and len(one) == 15
+    x = torch.randn(3, 64)
+    for name in one:
+        assert one[name].codes.dtype == two[name].codes.dtype and torch.equal(one[name].codes, two[name].codes)
+        assert torch.equal(one[name].scales, two[name].scales), name
+        if one[name].in_features == 64:
+            assert torch.equal(one[name](x), two[name](x))
+
+
+@pytest.mark.parametrize("change", ["cache_format", "torch"])
+def test_a_changed_key_rebuilds(change, counted_packs, monkeypatch):
+    quantize_tiny("int8")
+    counted_packs.clear()
+    if change == "torch":  # another torch may lay the packed codes out otherwise
+        monkeypatch.setattr(qz.torch, "__version__", "0.0.0-another")
+    else:
+        monkeypatch.setattr(qz, "CACHE_FORMAT", qz.CACHE_FORMAT + 1)
+    _, done = quantize_tiny("int8")
+    assert len(counted_packs) == 15 and f"stale entry ({change} changed)" in done["cache"]
+    _, again = quantize_tiny("int8")
+    assert again["cache"] == "cached" and len(counted_packs) == 15
+
+
+def test_other_source_weights_are_another_entry(counted_packs):
+    quantize_tiny("int8", "draft")
+    quantize_tiny("int8", "target")
+    counted_packs.clear()
+    _, draft = quantize_tiny("int8", "draft")
+    _, target = quantize_tiny("int8", "target")
+    assert draft["cache"] == target["cache"] == "cached" and not counted_packs
+    with torch.no_grad():
+        model = build_tiny("draft", torch.device("cpu"), torch.float32)
+        model.model.layers[1].mlp.down_proj.weight[3, 5] += 1e-3  # one weight of 16,640 changed
+    assert "quantized" in qz.quantize_model(model, "int8")["cache"] and len(counted_packs) == 15
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "manifest"])
+def test_a_corrupt_entry_is_rebuilt_not_used(damage, counted_packs):
+    fresh, _ = quantize_tiny("int4", "draft")
+    key = qz.cache_key(qz.weights_digest([(n, m) for n, m in build_tiny("draft", "cpu", torch.float32)
+                                          .named_modules() if isinstance(m, torch.nn.Linear)]), "int4")
+    folder = qz.cache_folder(key)
+    data = folder / "weights.safetensors"
+    raw = bytearray(data.read_bytes())
+    if damage == "flipped byte":
+        raw[-100] ^= 0x10  # inside the last tensor's bytes: the file still parses
+        data.write_bytes(bytes(raw))
+    elif damage == "truncated":
+        data.write_bytes(bytes(raw[: len(raw) // 2]))
+    else:
+        (folder / "manifest.json").write_text("{")
+    counted_packs.clear()
+    rebuilt, done = quantize_tiny("int4", "draft")
+    assert len(counted_packs) == 15 and ("corrupt" in done["cache"] or "unreadable" in done["cache"])
+    for name, layer in layers(fresh).items():
+        assert torch.equal(layer.codes, layers(rebuilt)[name].codes) and torch.equal(layer.scales,
+                                                                                     layers(rebuilt)[name].scales)
+    _, again = quantize_tiny("int4", "draft")
+    assert again["cache"] == "cached"
+
+
+# ---- a quantized target: another model, measured against the one it came from -------------------------------------
+
+
+def test_kl_is_of_the_reference_against_the_quantized_on_hand_built_rows():
+    """p = [0.9, 0.1] (reference), q = [0.5, 0.5]: KL(p || q) = 0.9 ln 1.8 + 0.1 ln 0.2 = 0.3681, while the
+    reverse KL(q || p) = 0.5 ln(0.5 / 0.9) + 0.5 ln 5 = 0.5108; a second row whose argmaxes differ."""
+    p = torch.tensor([[0.9, 0.1], [0.4, 0.6]]).log()
+    q = torch.tensor([[0.5, 0.5], [0.7, 0.3]]).log()
+    agree, kl = qr.divergence(p, q)
+    assert agree.tolist() == [True, False]
+    expected = [0.9 * math.log(1.8) + 0.1 * math.log(0.2), 0.4 * math.log(4 / 7) + 0.6 * math.log(2)]
+    assert kl.tolist() == pytest.approx(expected, rel=1e-6)  # fp32 logs and products: a few eps32 relative
+    zero_p = torch.tensor([[0.0, 1.0]]).log()  # log 0 = -inf: that word adds nothing (p log p -> 0), not NaN
+    assert qr.divergence(zero_p, q[:1])[1].item() == pytest.approx(math.log(2), rel=1e-6)
+
+
+PROMPTS = ["def add(a, b):", "Write a haiku about rain.", "SELECT name FROM"]
+
+
+@pytest.fixture(scope="module")
+def report_pair():
+    return load_pair("tiny", device="cpu", target_quant="int4", report_prompts=PROMPTS, report_tokens=16)
+
+
+def test_the_target_report_is_measured_on_the_reference_text(report_pair):
+    """The pair serves the int4 target, and its report is agreement in [0, 1] and KL > 0 pooled over every
+    position; recomputed here independently (transformers' forward of prompt + text without a cache, the rows
+    that predict the text, torch's kl_div), row for row."""
+    pair, report = report_pair, report_pair.target_report
+    assert pair.target_quant == "int4" and isinstance(pair.target.model.lm_head, qz.QuantLinear)
+    assert pair.quant_setup()["target_quant_report"] is report and report["format"] == "int4"
+    assert 0 <= report["agreement"] <= 1 and report["kl_mean"] > 0 and report["prompts"] == 3
+    reference = build_tiny("target", torch.device("cpu"), torch.float32)
+
+    def kl(p, q):  # KL(p || q) per row, torch's own: kl_div(input = log q, target = log p)
+        return torch.nn.functional.kl_div(q, p, log_target=True, reduction="none").sum(-1)
+
+    variants, agree = {"right": [], "reversed": [], "a row later": [], "a row earlier": []}, []
+    for prompt in PROMPTS:
+        ids = chat_ids(pair.tokenizer, prompt)
+        text = qr.greedy_text(EagerModel(reference, pair.target.vocab), ids, 16, pair.eos)
+        full = torch.tensor([ids + text])
+        with torch.inference_mode():
+            p = torch.log_softmax(reference(full).logits[0, :, : pair.target.vocab].float(), -1)
+            q = torch.log_softmax(pair.target.model(full).logits[0, :, : pair.target.vocab].float(), -1)
+        rows = slice(len(ids) - 1, len(ids) - 1 + len(text))  # row i predicts token i + 1
+        assert p[rows].argmax(-1).tolist() == text  # these rows are the ones the greedy text came from
+        variants["right"].append(kl(p[rows], q[rows]))
+        variants["reversed"].append(kl(q[rows], p[rows]))
+        variants["a row later"].append(kl(p, q)[len(ids): len(ids) + len(text)])
+        variants["a row earlier"].append(kl(p, q)[len(ids) - 2: len(ids) - 2 + len(text)])
+        agree.append(p[rows].argmax(-1) == q[rows].argmax(-1))
+    assert report["positions"] == sum(len(a) for a in agree)
+    assert report["agreement"] == torch.cat(agree).float().mean().item()
+    # The same fp32 quantity through differently shaped products: the tiny target's logits are below 30 in size
+    # and a product sums at most 128 terms, so a logit moves by at most 128 eps32 * 30 = 4.6e-4, a log-softmax
+    # value by twice that, and a KL (a p-weighted mean of differences of two of them) by 4 * 4.6e-4 < 2e-3.
+    tolerance = 4 * 128 * torch.finfo(torch.float32).eps * 30
+    got = torch.tensor([kl for row in report["per_prompt"] for kl in row["kl"]])
+    right = torch.cat(variants["right"])
+    assert (got - right).abs().max() <= tolerance
+    assert report["kl_mean"] == pytest.approx(right.mean().item(), abs=tolerance)
+    for wrong in ("reversed", "a row later", "a row earlier"):  # each mistake is far outside that tolerance
+        assert (got - torch.cat(variants[wrong])).abs().max() > 10 * tolerance, wrong
+
+
+def test_the_unquantized_target_against_itself_is_kl_0_and_agreement_1(tiny):
+    prompts = [chat_ids(tiny.tokenizer, p) for p in PROMPTS]
+    reference = qr.reference_run(tiny.target, prompts, 16, tiny.eos)
+    report = qr.compare(tiny.target, reference, "none")
+    assert report["agreement"] == 1 and report["kl_mean"] == 0 and report["kl_max"] == 0
+    assert report["positions"] == sum(len(t) for t in reference.texts) > 3
+
+
+def test_the_target_path_refuses_with_the_reason():
+    """The same refusals as the draft's, naming --target-quant: fp8, an unknown format, CUDA, unpackable shapes."""
+    with pytest.raises(ModelError, match="--target-quant: fp8"):
+        load_pair("tiny", device="cpu", target_quant="fp8")
+    with pytest.raises(ModelError, match="unknown quantization 'int3'"):
+        load_pair("tiny", device="cpu", with_draft=False, target_quant="int3")
+    reason = qz.quant_error("--target-quant", "int4", "cuda")
+    assert "CUDA kernels are not implemented yet" in reason and "use --target-quant none" in reason
+
+    class TwoLayers(torch.nn.Module):
+        device = torch.device("cpu")
+
+        def __init__(self):
+            super().__init__()
+            self.fits, self.odd = torch.nn.Linear(64, 64), torch.nn.Linear(100, 64)
+
+    model = TwoLayers()
+    with pytest.raises(ModelError, match=r"--target-quant: layer odd: int4: a layer with 100 inputs .* groups of 32"):
+        qz.quantize_model(model, "int4", "--target-quant")
+    assert type(model.fits) is torch.nn.Linear  # refused before any layer was replaced
+    assert qz.quantize_model(model, "int8", "--target-quant")["layers"] == 2  # int8 takes any shape
+    parser = argparse.ArgumentParser()
+    add_model_args(parser, draft=False)
+    assert parser.parse_args([]).target_quant == "none"  # off unless asked for
+    assert parser.parse_args(["--target-quant", "int8"]).target_quant == "int8"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--target-quant", "int3"])
+
+
+def test_greedy_speculation_is_exact_against_the_quantized_target(report_pair):
+    """Exactness is against the target that is served: speculation reproduces the int4 target's plain greedy
+    text, which is not the unquantized target's everywhere (the report's agreement is below 1)."""
+    pair = report_pair
+    assert report_pair.target_report["agreement"] < 1
+    for seed in range(2):
+        prompt = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
+        plain = generate(pair.target, NoDrafter(pair.device), prompt, 32, k=0)
+        spec = generate(pair.target, ModelDrafter(pair.draft), prompt, 32, k=4)
+        assert spec.tokens == plain.tokens and 0 < spec.accepted < spec.drafted
+
+
+def test_spec_greedy_names_the_target_format_and_reports_it(monkeypatch, tmp_path, capsys):
+    from spec import io, spec_greedy
+
+    monkeypatch.setattr(io, "RESULTS_DIR", tmp_path)
+    out = spec_greedy.main(["--pair", "tiny", "--limit", "2", "--max-new-tokens", "8", "--target-quant", "int8",
+                            "--quiet"])
+    printed = capsys.readouterr().out
+    assert out["target_quant"] == "int8" and out["draft_quant"] == "none"
+    report = out["target_quant_report"]
+    assert report["prompts"] == 2 and report["positions"] <= 16 and 0 <= report["agreement"] <= 1  # its own set
+    assert "int8 TARGET" in printed and "plain greedy decoding of the int8 target" in printed
+    assert "mean KL(p_float32 || p_int8)" in printed
+    (saved,) = tmp_path.glob("spec_greedy-*Z.json")
+    assert json.loads(saved.read_text())["target_quant_report"]["kl_mean"] == report["kl_mean"]
+
+
+def test_the_server_and_bench_label_a_quantized_target(monkeypatch, tmp_path):
+    """The server reports the target's format and its distance from the unquantized one (measured at load on
+    the short set), and bench.py's rows carry the format in their precision."""
+    from bench import precision
+    from tests.test_server import ServerProcess
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    server = ServerProcess("--target-quant", "int8", "--draft-quant", "int4", key=None)
+    try:
+        card = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]
+        logs = server.logs()
+    finally:
+        server.stop()
+    served = card["speculation"]
+    assert served["target_quant"] == "int8" and served["draft_quant"] == "int4"
+    report = served["target_quant_report"]
+    assert report["format"] == "int8" and report["prompts"] == 3 and 0 < report["positions"] <= 3 * 32
+    assert "THIS CHANGES THE MODEL" in logs and "int8 TARGET weights" in logs
+    assert precision(served) == "float32, int8 target, int4 draft"
+    assert precision({"dtype": "bfloat16", "target_quant": "none"}) == "bfloat16"

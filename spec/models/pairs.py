@@ -16,8 +16,9 @@ from spec.models.graph import GraphModel, unsupported_reason
 from spec.models.hub import from_gguf_file, from_hub, from_pretrained, hub_cached
 from spec.models.packaged import load_packaged
 from spec.models.quant import quant_error, quantize_model
+from spec.models.quant_report import Reference, compare, describe, reference_run
 from spec.models.synthetic import build_random, build_tiny
-from spec.models.tokens import byte_tokenizer, eos_ids, shared_vocab
+from spec.models.tokens import byte_tokenizer, chat_ids, eos_ids, shared_vocab
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,13 @@ class Pair:
     why: str = ""
     draft_tokenizer: object = None  # set only for an other-family draft (--allow-other-family)
     draft_quant: str = "none"  # the draft's weight format (spec/models/quant.py)
+    target_quant: str = "none"  # the target's: anything but none CHANGES THE MODEL that is served
+    target_report: dict | None = None  # the quantized target against the unquantized one (spec/models/quant_report)
+
+    def quant_setup(self) -> dict:
+        """The weight formats, for every task's JSON: exactness claims are against the target as served."""
+        return {"draft_quant": self.draft_quant, "target_quant": self.target_quant,
+                "target_quant_report": self.target_report}
 
     def prepare(self, max_drafts: int, context: int) -> None:
         """Ready both models for rounds of up to `max_drafts` drafts on texts of up to `context` tokens: the target
@@ -161,12 +169,21 @@ def load_pair(
     allow_other_family: bool = False,
     backend: str = "eager",
     draft_quant: str = "none",
+    target_quant: str = "none",
+    report_prompts: list | None = None,
+    report_tokens: int = 32,
+    reference: Reference | None = None,
 ) -> Pair:
     """Load a target and (optionally) a draft, check their tokenizers, and wrap both for the loop.
 
     backend: `eager` (`EagerModel`: transformers' forward over a DynamicCache, runs everywhere), `graph` (static KV
     cache + CUDA graphs, spec/models/graph.py) or `auto` (graph where it can run, else eager, saying why).
-    draft_quant: `none`, or `int8` / `int4` weight-only draft weights (spec/models/quant.py; changes no answer)."""
+    draft_quant: `none`, or `int8` / `int4` weight-only draft weights (spec/models/quant.py; changes no answer).
+    target_quant: the same for the target, which CHANGES THE MODEL: the pair then serves the quantized target, and
+    every exactness claim is against it. Before quantizing, the unquantized target writes greedy continuations of
+    `report_prompts` (messages or strings, as `chat_ids` takes them; `report_tokens` each), or `reference` is
+    given (a `Reference` measured earlier on this same target), and `Pair.target_report` says how far the
+    quantized one is from it (greedy agreement, KL; spec/models/quant_report.py). Without either, no report."""
     name, why = resolve_pair(pair)
     preset = PAIRS[name]
     given = [flag for flag, ref in (("--target", target), ("--draft", draft if with_draft else None)) if ref]
@@ -176,7 +193,8 @@ def load_pair(
         name = "custom" if covered else name
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype or preset.dtype)
-    reason = quant_error("--draft-quant", draft_quant, dev) if with_draft else None
+    reason = (quant_error("--draft-quant", draft_quant, dev) if with_draft else None) or quant_error(
+        "--target-quant", target_quant, dev)
     if reason:  # before anything loads
         raise ModelError(reason)
     log.info(f"pair {name} ({why}); device {dev}, dtype {dtype_name(dt)}")
@@ -192,7 +210,8 @@ def load_pair(
         if draft_quant != "none":
             done = quantize_model(d.model, draft_quant)
             log.info(f"draft  {draft_quant} weights: {done['layers']} layers, {done['weight_bytes_before'] / 1e9:.2f} "
-                     f"-> {done['weight_bytes_after'] / 1e9:.2f} GB, {done['seconds']:.1f} s")
+                     f"-> {done['weight_bytes_after'] / 1e9:.2f} GB, {done['seconds']:.1f} s, {done['cache']} "
+                     "(changes no answer)")
             seconds["draft_quant"] = done["seconds"]
         d_rows = d.model.config.get_text_config().vocab_size
         vocab = shared_vocab(t.tokenizer, d.tokenizer, t.model.config.get_text_config().vocab_size, d_rows,
@@ -201,8 +220,35 @@ def load_pair(
         draft_vocab = vocab if same_family else min(len(d.tokenizer), d_rows)
         draft_model = make_model(d.model, draft_vocab, backend, name="draft")
         draft_tokenizer = None if same_family else d.tokenizer
+    report = None
+    if target_quant != "none":
+        report = quantize_target(t.model, t.tokenizer, vocab, target_quant, report_prompts, report_tokens,
+                                 reference, seconds)
     return Pair(
         name=name, target=make_model(t.model, vocab, backend, name="target"), draft=draft_model,
         tokenizer=t.tokenizer, eos=eos_ids(t.model, t.tokenizer), device=dev, dtype=dt, load_seconds=seconds,
         why=why, draft_tokenizer=draft_tokenizer, draft_quant=draft_quant if with_draft else "none",
+        target_quant=target_quant, target_report=report,
     )
+
+
+def quantize_target(model, tokenizer, vocab: int, scheme: str, prompts: list | None, tokens: int,
+                    reference: Reference | None, seconds: dict) -> dict | None:
+    """Quantize the target in place, measuring it against itself unquantized first (when prompts or a reference
+    are given); returns the report. Logged loudly: unlike the draft's, this format changes the answers."""
+    dtype = dtype_name(model.dtype)
+    if reference is None and prompts:
+        plain = EagerModel(model, vocab, name="target")
+        log.info(f"target {dtype} reference for --target-quant {scheme}: {len(prompts)} prompts x {tokens} tokens")
+        reference = reference_run(plain, [chat_ids(tokenizer, p) for p in prompts], tokens, eos_ids(model, tokenizer))
+    done = quantize_model(model, scheme, "--target-quant")
+    seconds["target_quant"] = done["seconds"]
+    log.info(f"target {scheme} weights: {done['layers']} layers, {done['weight_bytes_before'] / 1e9:.2f} -> "
+             f"{done['weight_bytes_after'] / 1e9:.2f} GB, {done['seconds']:.1f} s, {done['cache']}. THIS CHANGES "
+             f"THE MODEL: answers are the {scheme} target's, and exactness is against it, not the {dtype} target")
+    if reference is None:
+        log.info(f"target {scheme}: no prompts given, so its distance from the {dtype} target is not measured")
+        return None
+    report = compare(EagerModel(model, vocab, name="target"), reference, scheme)
+    log.info(f"target {describe(report, dtype)}")
+    return report

@@ -23,11 +23,19 @@ CUDA kernels for these formats are not wired yet: both are refused with the reas
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
+import safetensors.torch
 import torch
 
-from spec.models.base import ModelError
+from spec import log
+from spec.models.base import ModelError, cache_root
 
 QUANTS = ("none", "int8", "int4", "fp8")
 GROUP = 32  # inputs per int4 scale and offset: Q4_K_M's block size, and the smallest the int4 kernel takes
@@ -43,8 +51,9 @@ def quant_error(what: str, scheme: str, device: torch.device | str) -> str | Non
         return (f"{what}: fp8 weights need a GPU with fp8 tensor cores and the graph backend's kernels, which are not "
                 "written yet; int8 and int4 run on the CPU")
     if scheme != "none" and device.type != "cpu":
-        return (f"{what}: {scheme} weights run on the CPU only so far (the CUDA kernels and the graph backend's fused "
-                f"kernels read bf16 weights); on {device.type} use --draft-quant none")
+        flag = what.split(":")[0] if what.startswith("--") else "--draft-quant / --target-quant"
+        return (f"{what}: {scheme} weights run on the CPU only so far: their CUDA kernels are not implemented yet "
+                f"(and the graph backend's fused kernels read bf16 weights); on {device.type} use {flag} none")
     return None
 
 
@@ -92,26 +101,20 @@ def dequantize_int4(codes: torch.Tensor, scales_and_zeros: torch.Tensor, group: 
 
 
 class QuantLinear(torch.nn.Module):
-    """A bias-optional linear layer over int8 or int4 weights, computed by PyTorch's CPU kernels."""
+    """A bias-optional linear layer over int8 or int4 weights, computed by PyTorch's CPU kernels.
 
-    def __init__(self, linear: torch.nn.Linear, scheme: str, group: int = GROUP):
+    `packed` = (codes, scales) as `pack` makes them (read back from the cache): used as they are, not re-quantized."""
+
+    def __init__(self, linear: torch.nn.Linear, scheme: str, group: int = GROUP,
+                 packed: tuple[torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
         weight = linear.weight.detach()
         self.scheme, self.group = scheme, group
         self.out_features, self.in_features = weight.shape
+        self.rows = -(-self.out_features // INT4_ROWS) * INT4_ROWS if scheme == "int4" else self.out_features
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach(), requires_grad=False)
-        if scheme == "int8":
-            codes, scales = quantize_int8(weight)
-            self.register_buffer("codes", codes)
-        elif scheme == "int4":
-            if self.in_features % group:
-                raise ModelError(f"int4: a layer with {self.in_features} inputs does not split into groups of {group}")
-            self.rows = -(-self.out_features // INT4_ROWS) * INT4_ROWS
-            padded = torch.cat([weight, weight.new_zeros(self.rows - self.out_features, self.in_features)])
-            codes, scales = quantize_int4(padded, group)
-            self.register_buffer("codes", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
-        else:
-            raise ModelError(f"QuantLinear takes int8 or int4, not {scheme!r}")
+        codes, scales = packed if packed is not None else pack(weight, scheme, group)
+        self.register_buffer("codes", codes)
         self.register_buffer("scales", scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,24 +133,145 @@ class QuantLinear(torch.nn.Module):
             f", groups of {self.group}" if self.scheme == "int4" else "")
 
 
-def quantize_model(model, scheme: str, what: str = "draft") -> dict:
+def pack_error(shape: tuple[int, int], scheme: str, group: int = GROUP) -> str | None:
+    """Why a [N, K] weight cannot be packed in `scheme`, or None."""
+    if scheme not in ("int8", "int4"):
+        return f"the layers take int8 or int4, not {scheme!r}"
+    if scheme == "int4" and shape[1] % group:
+        return f"int4: a layer with {shape[1]} inputs does not split into groups of {group}"
+    return None
+
+
+def pack(weight: torch.Tensor, scheme: str, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] weight -> (codes, scales) in the layout the kernel reads: int8 codes [N, K] and scales [N]; int4
+    codes packed by `_convert_weight_to_int4pack_for_cpu` (its layout is the installed torch's) with the rows
+    padded up to a multiple of INT4_ROWS by zero rows, and scales_and_zeros [K / group, rows, 2]."""
+    if reason := pack_error(tuple(weight.shape), scheme, group):
+        raise ModelError(reason)
+    if scheme == "int8":
+        return quantize_int8(weight)
+    rows = -(-weight.shape[0] // INT4_ROWS) * INT4_ROWS
+    padded = torch.cat([weight, weight.new_zeros(rows - weight.shape[0], weight.shape[1])])
+    codes, scales = quantize_int4(padded, group)
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1), scales
+
+
+# ---- the cache of packed weights ------------------------------------------------------------------------------
+#
+# Quantizing the 0.5B draft took 5.7 s at every load on this project's CPU. Its packed weights are kept in the user
+# cache (as the de-quantised GGUF is, spec/models/packaged.py), one folder per source weights and format:
+# `weights.safetensors` (every layer's codes and scales) and `manifest.json`, written last, holding the key the
+# entry was built for and the SHA-256 of the weights file. An entry is used only if its key equals the one asked for
+# and the file's hash matches; anything else (a stale key, a truncated or altered file, a missing layer) rebuilds it.
+
+CACHE_FORMAT = 1  # bump whenever pack() would give other codes or scales for the same weights
+
+
+def weights_digest(linears: list[tuple[str, torch.nn.Linear]]) -> str:
+    """SHA-256 of the weights the layers would be packed from (names, shapes, dtypes and bytes, in order): the
+    source weights' identity, whatever loaded them. About 0.7 s for the 0.5B's 0.99 GB of bf16 on this CPU."""
+    digest = hashlib.sha256()
+    for name, linear in linears:
+        weight = linear.weight.detach().contiguous()
+        digest.update(f"{name} {tuple(weight.shape)} {weight.dtype};".encode())
+        digest.update(weight.view(-1).view(torch.uint8).numpy().data)
+    return digest.hexdigest()
+
+
+def cache_key(digest: str, scheme: str, group: int = GROUP) -> dict:
+    """Everything that decides the packed bytes: the source weights, the format and its parameters, this code's
+    packing (CACHE_FORMAT) and the torch whose `_convert_weight_to_int4pack_for_cpu` laid them out."""
+    return {"weights_sha256": digest, "scheme": scheme, "group": group, "int4_rows": INT4_ROWS,
+            "cache_format": CACHE_FORMAT, "torch": torch.__version__}
+
+
+def cache_folder(key: dict) -> Path:
+    """`<user cache>/quantized/<weights hash>-<format>`: one entry per source and format, so a stale one (another
+    torch, another CACHE_FORMAT) is rebuilt in its place rather than piling up beside it."""
+    return cache_root() / "quantized" / f"{key['weights_sha256'][:24]}-{key['scheme']}"
+
+
+def read_cache(folder: Path, key: dict, names: list[str]) -> tuple[dict | None, str]:
+    """(name -> (codes, scales)) from a valid entry, or (None, why it was not used)."""
+    manifest = folder / "manifest.json"
+    if not manifest.exists():
+        return None, "no entry yet"
+    try:
+        stored = json.loads(manifest.read_text())
+    except (OSError, ValueError) as err:
+        return None, f"unreadable manifest ({err})"
+    if not isinstance(stored, dict) or not isinstance(stored.get("key"), dict):
+        return None, "unreadable manifest (not an entry's)"
+    if stored["key"] != key:
+        changed = sorted(k for k in key if stored["key"].get(k) != key[k])
+        return None, f"stale entry ({', '.join(changed)} changed)"
+    # Read once, then hashed and parsed from the same bytes: the tensors own their memory rather than mapping a
+    # file that another process's rebuild could change under them (a mapped file rewritten in place is SIGBUS).
+    try:
+        raw = (folder / "weights.safetensors").read_bytes()
+    except OSError as err:
+        return None, f"unreadable weights file ({err})"
+    if hashlib.sha256(raw).hexdigest() != stored.get("sha256"):
+        return None, "corrupt entry (the weights file does not match its recorded SHA-256)"
+    tensors = safetensors.torch.load(raw)
+    if set(tensors) != {f"{name}.{part}" for name in names for part in ("codes", "scales")}:
+        return None, "the entry's layers are not this model's"
+    return {name: (tensors[f"{name}.codes"], tensors[f"{name}.scales"]) for name in names}, "cached"
+
+
+def write_cache(folder: Path, key: dict, packed: dict) -> None:
+    """Write an entry under a temporary name and rename it into place, so no reader sees half of one."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    try:
+        tensors = {f"{name}.{part}": t.contiguous() for name, pair in packed.items()
+                   for part, t in zip(("codes", "scales"), pair, strict=True)}
+        raw = safetensors.torch.save(tensors)
+        (tmp / "weights.safetensors").write_bytes(raw)
+        sha = hashlib.sha256(raw).hexdigest()
+        (tmp / "manifest.json").write_text(json.dumps({"key": key, "sha256": sha}, indent=1))
+        if folder.exists():
+            shutil.rmtree(folder)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process put an entry there meanwhile: keep theirs (verified when it is read)
+            log.info(f"quantized cache: {folder.name} was written by another process meanwhile; keeping that one")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def quantize_model(model, scheme: str, what: str = "draft", cache: bool = True) -> dict:
     """Replace the decoder layers' and the head's Linear layers of a transformers causal LM in place; returns what
-    it did: layers replaced, bytes of weights before and after, seconds."""
+    it did: layers replaced, bytes of weights before and after, seconds, and whether the packed weights came from
+    the cache (`cache=False`: neither read nor written). Every layer is checked before any is replaced."""
     reason = quant_error(what, scheme, model.device)
     if reason:
         raise ModelError(reason)
     if scheme == "none":
         return {"scheme": "none"}
     start = time.perf_counter()
-    before = after = layers = 0
-    names = [(name, module) for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
-    for name, linear in names:
+    linears = [(name, module) for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    for name, linear in linears:
+        if reason := pack_error(tuple(linear.weight.shape), scheme):
+            raise ModelError(f"{what}: layer {name}: {reason}")
+    names = [name for name, _ in linears]
+    packed, how = None, "not cached (cache off)"
+    if cache:
+        key = cache_key(weights_digest(linears), scheme)
+        folder = cache_folder(key)
+        packed, how = read_cache(folder, key, names)
+    if packed is None:
+        packed = {name: pack(linear.weight.detach(), scheme) for name, linear in linears}
+        if cache:
+            write_cache(folder, key, packed)
+            how = f"quantized and cached ({how})"
+    before = after = 0
+    for name, linear in linears:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        quantized = QuantLinear(linear, scheme)
+        quantized = QuantLinear(linear, scheme, packed=packed[name])
         before += linear.weight.numel() * linear.weight.element_size()
         after += sum(b.numel() * b.element_size() for b in quantized.buffers())
         setattr(parent, child, quantized)
-        layers += 1
-    return {"scheme": scheme, "layers": layers, "weight_bytes_before": before, "weight_bytes_after": after,
-            "seconds": time.perf_counter() - start}
+    return {"scheme": scheme, "layers": len(linears), "weight_bytes_before": before, "weight_bytes_after": after,
+            "seconds": time.perf_counter() - start, "cache": how}

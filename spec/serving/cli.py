@@ -86,7 +86,9 @@ def main(argv=None) -> int:
         pair = load_from_args(args, with_draft=args.method == "draft")
         engine.prepare(pair, args.max_model_len or PREPARE_CONTEXT)
         log.info(f"ready: serving {model_name!r} on http://{args.host}:{args.port} "
-                 f"(method {args.method}, K {args.k if isinstance(args.k, int) else 'auto'})")
+                 f"(method {args.method}, K {args.k if isinstance(args.k, int) else 'auto'}"
+                 + (f"; {pair.target_quant} TARGET weights, a changed model" if pair.target_quant != "none" else "")
+                 + ")")
         return pair
 
     def load_failed(err: BaseException) -> None:

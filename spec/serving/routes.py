@@ -248,7 +248,8 @@ async def models(s: Served = Depends(served)):
     engine = s.engine
     k = "0" if engine.method == "none" else str(engine.k) if isinstance(engine.k, int) else "auto"
     config = ServedConfig(method=engine.method, k=k, dtype=dtype_name(pair.dtype), device=str(pair.device),
-                          draft_quant=pair.draft_quant)
+                          draft_quant=pair.draft_quant, target_quant=pair.target_quant,
+                          target_quant_report=pair.target_report)
     return ModelList(data=[ModelCard(id=s.model_name, created=s.created, max_model_len=s.context_length(pair),
                                      speculation=config)])
 

@@ -282,6 +282,8 @@ class ServedConfig(BaseModel):
     dtype: str
     device: str
     draft_quant: str = "none"
+    target_quant: str = "none"  # anything else: a changed model, answers exact against the quantized target only
+    target_quant_report: dict | None = None  # its greedy agreement and KL against the unquantized target
 
 
 class ModelCard(BaseModel):

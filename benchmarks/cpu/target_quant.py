@@ -1,0 +1,101 @@
+"""Quantized targets and drafts side by side, one process: for each (target, draft) format, plain and speculative
+greedy decoding on the same prompts, and the quantized target's greedy agreement and mean KL against the bf16
+target (spec/models/quant_report.py). A quantized target CHANGES THE MODEL: identity here is against it.
+
+    python benchmarks/cpu/target_quant.py --pair qwen-coder --prompts short,code --limit 3 --max-new-tokens 64
+
+The first format pair (default none/none) is the unquantized baseline; its target writes the reference text once,
+and every later load is scored against that same reference (no second bf16 run). Each format loads the pair again
+(weights from the user cache, packed layers from the quantized cache once built), so every speedup is over plain
+decoding of the same target in the same load. llama.cpp's numbers are quoted from issue 18 (llama-bench, the same
+Q4_K_M files, 2 threads), not re-run. Rows go to results/target_quant-<time>.jsonl as they come.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from spec.cli import add_model_args, load_from_args  # noqa: E402
+from spec.harness import Setup, run_prompt  # noqa: E402
+from spec.io import Results, load_prompts, table  # noqa: E402
+from spec.models import chat_ids  # noqa: E402
+from spec.models.quant_report import compare, reference_run  # noqa: E402
+
+LLAMA_CPP_QUOTED = {"target_plain_tok_s": 12.5, "draft_plain_tok_s": 28.3,
+                    "source": "issue 18: llama-bench, the same Q4_K_M files, 2 threads (quoted, not re-run)"}
+COLUMNS = [("formats", ""), ("prompts", ""), ("identical", ""), ("agreement", ".3f"), ("kl_mean", ".4f"),
+           ("alpha", ".3f"), ("tokens_per_round", ".2f"), ("plain_tok_s", ".2f"), ("spec_tok_s", ".2f"),
+           ("speedup", ".2f"), ("spec_vs_llama_cpp", ".2f")]
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(parser)
+    parser.add_argument("--formats", default="none/none,int8/int8,int4/int4",
+                        help="target/draft format pairs; the first must be none/none (default "
+                             "none/none,int8/int8,int4/int4)")
+    parser.add_argument("--prompts", default="short,code", help="prompt sets (default short,code)")
+    parser.add_argument("--limit", type=int, default=3, help="prompts per set (default 3)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    parser.add_argument("--k", type=int, default=4, help="drafts per round (default 4)")
+    args = parser.parse_args(argv)
+    formats = [tuple(f.split("/")) for f in args.formats.split(",")]
+    if formats[0] != ("none", "none"):
+        parser.error("the first --formats entry must be none/none: it is the reference every other is scored on")
+    sets = {name: load_prompts(name)[: args.limit] for name in args.prompts.split(",")}
+    everything = [p for prompts in sets.values() for p in prompts]
+    results, summary, loads, reference = Results("target_quant"), [], [], None
+    for target_quant, draft_quant in formats:
+        args.target_quant, args.draft_quant = target_quant, draft_quant
+        pair = load_from_args(args, reference=reference)
+        if reference is None:  # the bf16 target, before any quantization: the one reference text
+            reference = reference_run(pair.target, [chat_ids(pair.tokenizer, p["prompt"]) for p in everything],
+                                      args.max_new_tokens, pair.eos)
+            report = compare(pair.target, reference, "none")
+        else:
+            report = pair.target_report
+        loads.append({"formats": f"{target_quant}/{draft_quant}", "load_seconds": pair.load_seconds,
+                      "target_weight_bytes": pair.target.weight_bytes(),
+                      "draft_weight_bytes": pair.draft.weight_bytes(),
+                      "report": report})
+        run_prompt(pair, everything[0], Setup(k=args.k, max_new_tokens=8), args.k)  # warm-up, untimed
+        start = 0
+        for name, prompts in sets.items():
+            rows = [results.add({"formats": f"{target_quant}/{draft_quant}", "set": name,
+                                 **run_prompt(pair, p, Setup(k=args.k, max_new_tokens=args.max_new_tokens), args.k)})
+                    for p in prompts]
+            per = report["per_prompt"][start: start + len(prompts)]
+            start += len(prompts)
+            positions = sum(r["positions"] for r in per)
+            drafted = sum(r["spec"]["drafted"] for r in rows)
+            tokens, plain_s, spec_s = (sum(r[key] for r in rows) for key in ("tokens", "plain_s", "spec_s"))
+            summary.append({
+                "formats": f"{target_quant}/{draft_quant}", "prompts": f"{name} x{len(rows)}",
+                "identical": all(r["identical"] for r in rows),
+                "divergences": [{"id": r["id"], **r["divergence"]} for r in rows if "divergence" in r],
+                "agreement": sum(r["agreement"] * r["positions"] for r in per) / positions,
+                "kl_mean": sum(r["kl_mean"] * r["positions"] for r in per) / positions,
+                "alpha": sum(r["spec"]["accepted"] for r in rows) / drafted if drafted else float("nan"),
+                "tokens_per_round": tokens / sum(r["spec"]["rounds"] for r in rows),
+                "plain_tok_s": sum(r["plain_tokens"] for r in rows) / plain_s, "spec_tok_s": tokens / spec_s,
+            })
+            summary[-1]["speedup"] = summary[-1]["spec_tok_s"] / summary[-1]["plain_tok_s"]
+            summary[-1]["spec_vs_llama_cpp"] = summary[-1]["spec_tok_s"] / LLAMA_CPP_QUOTED["target_plain_tok_s"]
+        del pair
+    print(table(summary, COLUMNS))
+    print(f"llama.cpp (quoted, not re-run): target {LLAMA_CPP_QUOTED['target_plain_tok_s']} tok/s plain, draft "
+          f"{LLAMA_CPP_QUOTED['draft_plain_tok_s']} tok/s; {LLAMA_CPP_QUOTED['source']}")
+    setup = {**vars(args), "formats": [f"{t}/{d}" for t, d in formats], "llama_cpp_quoted": LLAMA_CPP_QUOTED}
+    for key in ("target_quant", "draft_quant"):
+        setup.pop(key)  # each row names its own
+    out = results.finish({"setup": setup, "loads": loads, "summary": summary})
+    print(f"wrote {out}")
+    return {"summary": summary, "loads": loads}
+
+
+if __name__ == "__main__":
+    main()
