@@ -188,6 +188,13 @@ print("ok")
 """
 
 
+def interpreter_env(root: Path) -> dict:
+    """The environment of a fresh process that runs the kernels in Triton's interpreter: the project first on the
+    path, then whatever the caller's path held (a Triton installed apart, say)."""
+    path = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
+
+
 def test_fused_kernels_in_tritons_interpreter():
     """Every fused kernel -- the one-token step and the 2-16-token verify, with q/k/v biases -- against the layer
     stack on a CPU, in Triton's interpreter (TRITON_INTERPRET=1, fp32 and fp16; set before Triton defines the
@@ -196,12 +203,98 @@ def test_fused_kernels_in_tritons_interpreter():
 
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
+    env = interpreter_env(root)
     run = subprocess.run([sys.executable, "-c", INTERPRETED_WALK], env=env, cwd=root, capture_output=True,
                          text=True, timeout=900)
     if "converted to Python scalars" in run.stderr:  # Triton 3.6's interpreter under numpy >= 2.4
         pytest.skip("Triton's interpreter does not run with this numpy")
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+def dequantized_copy(model, scheme: str):
+    """A copy of `model` whose Linear weights are the ones int8 / int4 codes stand for (in the model's dtype): what
+    the fused kernels over packed weights must compute."""
+    import copy
+
+    from spec.models.quant import pack_for_kernels
+
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for module in ref.modules():
+            if isinstance(module, torch.nn.Linear):
+                w = pack_for_kernels(module.weight, scheme).dequantize().to(module.weight.dtype)
+                module.weight = torch.nn.Parameter(w, requires_grad=False)
+    return ref
+
+
+INTERPRETED_QUANT_WALK = """
+import sys, torch
+sys.path.insert(0, "tests")
+from spec.models.graph import GraphModel, SPAN_STEP
+from test_graph import random_walk
+from test_kernels import dequantized_copy, small_model
+# fp32, as the unquantized walk: 2 eps32 S sum sqrt(n_i), S = 18, T <= 100 (sum ~60): 1.3e-4, within 6e-4
+for scheme in ("int8", "int4"):
+    model = small_model("qwen2", torch.float32, "cpu")
+    stack = GraphModel(dequantized_copy(model, scheme), max_length=2 * SPAN_STEP + 40, graphs=False,
+                       split_attention=False, fused_step=False)
+    fused = GraphModel(model, max_length=2 * SPAN_STEP + 40, graphs=False, split_attention=True, fused_step=True,
+                       fused_tokens=16, quant=scheme)
+    prompt = torch.randint(0, fused.vocab, (40,), generator=torch.Generator().manual_seed(7))
+    error = (fused.forward(prompt) - stack.forward(prompt)).abs().max().item()
+    error = max(error, random_walk(fused, stack, 6, seed=8, max_new=17))
+    assert error < 6e-4, (scheme, error)
+print("ok")
+"""
+
+
+def test_quantized_fused_kernels_in_tritons_interpreter():
+    """The fused kernels over int8 and int4 codes (the one-token step, 2-17-token forwards, a 40-token prompt in
+    chunks) against the layer stack over the weights the codes stand for, in Triton's interpreter (fp32): the
+    de-quantisation in registers (int4's nibble order and group offsets, int8's row scales after the sum) is the
+    arithmetic it claims. Runs wherever Triton is installed, not in CI."""
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = interpreter_env(root)
+    run = subprocess.run([sys.executable, "-c", INTERPRETED_QUANT_WALK], env=env, cwd=root, capture_output=True,
+                         text=True, timeout=900)
+    if "converted to Python scalars" in run.stderr:  # Triton 3.6's interpreter under numpy >= 2.4
+        pytest.skip("Triton's interpreter does not run with this numpy")
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+@cuda
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_quantized_fused_step_matches_the_weights_it_stands_for(arch, scheme):
+    """On the GPU, graphed: the fused kernels over packed codes against the layer stack over the de-quantised
+    weights, through the prompt and forwards of 1-17 tokens with rollbacks: within fp32 rounding in fp32; in bf16
+    within twice the unquantized fused step's own error against that stack, plus one ulp of a logit."""
+    from spec.models import kernels
+
+    if not kernels.available():
+        pytest.skip("needs Triton")
+    for dtype in (torch.float32, torch.bfloat16):
+        model = small_model(arch, dtype)
+        reference = dequantized_copy(model, scheme)
+        fused = GraphModel(model, max_length=2 * SPAN_STEP + 40, quant=scheme)
+        plain_fused = GraphModel(dequantized_copy(model, scheme), max_length=2 * SPAN_STEP + 40,
+                                 split_attention=True, fused_step=True)
+        stack = GraphModel(reference, max_length=2 * SPAN_STEP + 40, split_attention=False, fused_step=False,
+                           compile=False)
+        assert fused.fused_step and fused.quant == scheme
+        prompt = torch.randint(0, fused.vocab, (SPAN_STEP - 6,), generator=torch.Generator().manual_seed(7)).cuda()
+
+        def walk(a, b, prompt=prompt) -> float:
+            a.reset(), b.reset()
+            first = (a.forward(prompt) - b.forward(prompt)).abs().max().item()
+            return max(first, random_walk(a, b, 40, seed=8, max_new=17))
+
+        error = walk(fused, stack)
+        if dtype == torch.float32:
+            assert error < 1e-3, (scheme, error)
+        else:
+            assert error <= 2 * walk(plain_fused, stack) + 0.0625, (scheme, error)
 
 
 def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):

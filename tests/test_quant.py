@@ -79,7 +79,12 @@ def test_quant_linear_multiplies_by_the_weights_it_stands_for(scheme):
 
 def test_errors_name_the_format_and_the_reason():
     assert "fp8" in qz.quant_error("--draft-quant", "fp8", "cpu")
-    assert "CPU only" in qz.quant_error("--draft-quant", "int4", "cuda")
+    assert qz.quant_error("--draft-quant", "int4", "cuda") is None  # the graph backend's kernels and tinygemm
+    assert "CPU or a CUDA GPU, not on mps" in qz.quant_error("--draft-quant", "int4", "mps")
+    assert "bfloat16 only" in qz.eager_quant_error("--draft-quant", "int4", "cuda", torch.float32)
+    assert qz.eager_quant_error("--draft-quant", "int8", "cuda", torch.float32) is None
+    assert "multiple of 128" in qz.pack_error((64, 192), "int4", cuda=True)  # tinygemm's tiles; 192 = 6 groups
+    assert qz.pack_error((64, 192), "int4") is None
     assert "unknown" in qz.quant_error("--draft-quant", "int3", "cpu")
     assert qz.quant_error("--draft-quant", "int4", "cpu") is None and qz.quant_error("x", "none", "cuda") is None
     with pytest.raises(ModelError, match="groups of 32"):
@@ -306,11 +311,11 @@ def test_the_target_path_refuses_with_the_reason():
         load_pair("tiny", device="cpu", target_quant="fp8")
     with pytest.raises(ModelError, match="unknown quantization 'int3'"):
         load_pair("tiny", device="cpu", with_draft=False, target_quant="int3")
-    reason = qz.quant_error("--target-quant", "int4", "cuda")
-    assert "CUDA kernels are not implemented yet" in reason and "use --target-quant none" in reason
+    reason = qz.quant_error("--target-quant", "int4", "mps")
+    assert "--target-quant: int4" in reason and "use --target-quant none" in reason
 
     class TwoLayers(torch.nn.Module):
-        device = torch.device("cpu")
+        device, dtype = torch.device("cpu"), torch.float32
 
         def __init__(self):
             super().__init__()
@@ -377,3 +382,91 @@ def test_the_server_and_bench_label_a_quantized_target(monkeypatch, tmp_path):
     assert "THIS CHANGES THE MODEL" in logs and "int8 TARGET weights" in logs
     assert precision(served) == "float32, int8 target, int4 draft"
     assert precision({"dtype": "bfloat16", "target_quant": "none"}) == "bfloat16"
+
+
+# ---- the graph backend's layout and CUDA ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_layout_holds_the_same_codes(scheme, dtype):
+    """PackedWeight (what the fused kernels read) stands for exactly the weights the CPU layers' codes stand for:
+    the same codes and scales in another layout, two int4 codes a byte (a group's first half in the low nibbles,
+    its second half in the high ones), at a
+    quarter (int4: plus a scale and an offset per 32 inputs) or half of the bytes."""
+    w = weights(48, 256, dtype, seed=3)
+    packed = qz.pack_for_kernels(w, scheme)
+    if scheme == "int8":
+        reference = qz.dequantize_int8(*qz.quantize_int8(w))
+        assert packed.nbytes() == 48 * 256 + 48 * w.element_size()
+    else:
+        codes, scales_and_zeros = qz.quantize_int4(w)
+        reference = qz.dequantize_int4(codes, scales_and_zeros)
+        assert torch.equal(packed.codes[:, 0] & 15, codes[:, 0].to(torch.uint8))  # input 0: byte 0's low nibble
+        assert torch.equal(packed.codes[:, 0] >> 4, codes[:, 16].to(torch.uint8))  # input 16: its high nibble
+        assert torch.equal(packed.codes[:, 17] >> 4, codes[:, 49].to(torch.uint8))  # group 1, input 32 + 16 + 1
+        assert packed.nbytes() == 48 * 128 + 2 * 48 * 8 * w.element_size()
+    assert torch.equal(packed.dequantize(), reference)
+    assert packed.shape == (48, 256)
+    with pytest.raises(ModelError, match="groups of 32"):
+        qz.pack_for_kernels(torch.zeros(4, 100), "int4")
+
+
+def test_graph_backend_takes_quantized_weights_only_through_its_fused_kernels():
+    """Without the fused step (a CPU here: no split-KV attention) the graph backend refuses int8 / int4 weights with
+    the reason, and `auto` falls back to the eager backend's quantized layers."""
+    from spec.models import GraphModel, make_model
+
+    model = build_tiny("draft", "cpu", torch.float32)
+    with pytest.raises(ModelError, match="int8 weights on the graph backend run in its fused kernels"):
+        GraphModel(model, graphs=False, quant="int8")
+    with pytest.raises(ModelError, match="unknown quantization"):
+        GraphModel(model, graphs=False, quant="int3")
+    wrapped = make_model(model, None, "auto", "draft", quant="int8")
+    assert isinstance(wrapped, EagerModel) and wrapped.quantized["scheme"] == "int8"
+    assert isinstance(model.lm_head, qz.QuantLinear)
+    assert make_model(build_tiny("draft", "cpu", torch.float32), None, "eager", "draft").quantized is None
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+@pytest.mark.parametrize("scheme, dtype", [("int8", torch.float32), ("int8", torch.bfloat16),
+                                           ("int4", torch.bfloat16)])
+def test_cuda_eager_layers_match_their_weights(scheme, dtype):
+    """On CUDA the eager layers (int8: cast and scale; int4: PyTorch's tinygemm) compute x . w^T for the weights
+    their codes stand for, at 1 and 9 tokens."""
+    linear = torch.nn.Linear(256, 96).to("cuda", dtype)
+    with torch.no_grad():
+        linear.weight.copy_(weights(96, 256, dtype, seed=5))
+    layer = qz.QuantLinear(linear, scheme)
+    w = qz.pack_for_kernels(linear.weight.detach(), scheme).dequantize()  # the same codes, in fp32
+    for tokens in (1, 9):
+        x = torch.randn(tokens, 256, device="cuda").to(dtype)
+        got = layer(x).float()
+        ref = x.float() @ w.t() + linear.bias.float()
+        # fp32: summation order only; bf16: the de-quantised weight and the output each rounded once (2^-8)
+        scale = 2 ** -7 if dtype == torch.bfloat16 else 1e-5
+        assert ((got - ref).abs() <= scale * (x.float().abs() @ w.abs().t() + linear.bias.float().abs())
+                + 1e-6).all(), (scheme, tokens)
+
+
+@cuda
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_cuda_graph_draft_quant_keeps_greedy_output(scheme):
+    """A quantized draft on the graph backend (its fused kernels, fp32 here) changes no answer: greedy
+    speculation equals plain greedy decoding of the unquantized fp32 target token for token, and the quantized
+    draft still agrees with it often."""
+    from spec.models import make_model
+
+    pair = load_pair("tiny", device="cuda", backend="graph", draft_quant=scheme)
+    assert pair.draft.quant == scheme and pair.draft.fused_step and pair.target.quant == "none"
+    unquantized = make_model(build_tiny("draft", "cuda", torch.float32), None, "graph", "d")
+    assert pair.draft.weight_bytes() < unquantized.weight_bytes()
+    prompt = list(range(40, 60))
+    plain = generate(pair.target, NoDrafter("cuda"), prompt, 60, k=0).tokens
+    for k in (1, 4):
+        result = generate(pair.target, ModelDrafter(pair.draft), prompt, 60, k=k)
+        assert result.tokens == plain
+        assert 0 < result.alpha

@@ -49,6 +49,8 @@ class EagerModel:
     after the first `length` positions. `length` is the number of cached positions.
     """
 
+    quantized: dict | None = None  # int8 / int4 weights: what make_model did (spec/models/pairs.py), else None
+
     def __init__(self, model, vocab: int | None = None, name: str = "model"):
         self.model = model.eval()
         self.name = name

@@ -22,6 +22,7 @@ fused matrix, so no weight is stored twice and the transformers model keeps work
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 
 from spec.models import kernels
 from spec.models.base import ModelError
+from spec.models.quant import pack_for_kernels, quant_error
 
 MAX_GRAPH_TOKENS = 64  # forwards up to this many tokens are graphed; drafting and verifying stay far below
 SPAN_STEP = 256  # attention reads the cache in multiples of this many positions
@@ -102,12 +104,17 @@ class GraphModel:
     code without graphs (the CPU path the tests check against the eager backend).
     """
 
+    quantized: dict | None = None  # int8 / int4 weights: what make_model did (spec/models/pairs.py), else None
+
     def __init__(self, model, vocab: int | None = None, name: str = "model", max_length: int | None = None,
                  graphs: bool = True, compile: bool | None = None, split_attention: bool | None = None,
-                 fused_step: bool | None = None, fused_tokens: int | None = None, pdl: bool = True):
+                 fused_step: bool | None = None, fused_tokens: int | None = None, pdl: bool = True,
+                 quant: str = "none"):
         reason = unsupported_reason(model)
         if reason:
             raise ModelError(f"{name}: the graph backend cannot run this model: {reason}")
+        if reason := quant_error(name, quant, model.device):
+            raise ModelError(reason)
         self.model = model.eval()
         self.name = name
         config = model.config.get_text_config()
@@ -148,9 +155,11 @@ class GraphModel:
         # span -> a tensor of that length: attention reads cache positions < span, and a tensor's size (not an int)
         # lets torch.compile treat the span as a dynamic size.
         self.spans: dict[int, torch.Tensor] = {}
-        # Split-KV attention (spec/kernels.py) on CUDA in half precision unless told otherwise; SDPA elsewhere.
+        # Split-KV attention (spec/kernels.py) on CUDA in half precision, or in any precision with int8 / int4
+        # weights (which only the fused kernels read), unless told otherwise; SDPA elsewhere.
         if split_attention is None:
-            split_attention = (self.device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+            split_attention = (self.device.type == "cuda" and (dtype in (torch.bfloat16, torch.float16)
+                                                               or quant != "none")
                                and kernels.available() and kernels.suits_head_dim(self.head_dim))
         self.split_attention = split_attention
         # The one-token step (draft steps, plain decoding) and forwards of up to `fused_tokens` tokens (verifies,
@@ -170,6 +179,23 @@ class GraphModel:
             raise ValueError(f"fused_tokens must be 0-{kernels.MAX_FUSED_TOKENS} (and 0 without the fused step), "
                              f"got {fused_tokens}")
         self.fused_tokens = fused_tokens
+        # int8 / int4 weights (spec/models/quant.py) run in the fused kernels only: every forward must go through
+        # them, prompts included (in chunks), so the layer stack never runs.
+        if quant != "none" and fused_tokens < 2:
+            why = fused_step_reason(model) or ("the split-KV attention is off" if not split_attention else
+                                               f"fused_tokens={fused_tokens} sends prompts to the layer stack")
+            raise ModelError(f"{name}: {quant} weights on the graph backend run in its fused kernels, which cannot "
+                             f"take this model here: {why} (CUDA, half precision, Llama/Qwen2 layers); the eager "
+                             "backend runs them")
+        self.quant = quant
+        # The weights the fused step reads: the fused matrices and the head, as they are or packed.
+        pack = (lambda w: w) if quant == "none" else (lambda w: pack_for_kernels(w, quant))
+        with torch.no_grad():
+            start = time.perf_counter()
+            self.step_weights = [(pack(w_qkv), pack(o.weight), pack(w_gu), pack(d.weight))
+                                 for _, (w_qkv, _), o, _, (w_gu, _), _, d in self.layers]
+            self.head_weight = pack(model.lm_head.weight)
+            self.quant_seconds = time.perf_counter() - start
         # Prompts go through the fused kernels in chunks of this many tokens (0: through the layer stack).
         self.prefill_chunk = fused_tokens if fused_tokens > 1 else 0
         # Programmatic dependent launch for the Triton kernels, where the GPU has it (Hopper and later).
@@ -236,18 +262,19 @@ class GraphModel:
         h = self.model.model.embed_tokens(ids)  # the residual stream [n, hidden], updated in place
         q = torch.empty((self.heads, n, self.head_dim), dtype=h.dtype, device=h.device)  # head-major
         act = torch.empty((n, self.intermediate), dtype=h.dtype, device=h.device)
-        head = self.model.lm_head.weight
+        head = self.head_weight
         logits = torch.empty((n, head.shape[0]), dtype=torch.float32, device=h.device)  # every row, as eager
         # Query heads that share a K/V head are the attention's extra rows, as in `_body`: [kv, groups * n, D].
         q_rows = q.view(self.kv_heads, self.heads // self.kv_heads * n, self.head_dim)
-        for i, (norm1, (w_qkv, b_qkv), o_proj, norm2, (w_gu, _), _, down) in enumerate(self.layers):
+        for i, ((norm1, (_, b_qkv), _, norm2, _, _, _), (w_qkv, w_o, w_gu, w_down)) in enumerate(
+                zip(self.layers, self.step_weights, strict=True)):
             kernels.qkv_rope(h, norm1.weight, norm1.variance_epsilon, w_qkv, b_qkv, self.cos, self.sin, self.pos, q,
                              self.k_cache[i], self.v_cache[i], self.heads, self.kv_heads, pdl=self.pdl)
             out = kernels.decode_attention(q_rows, self.k_cache[i], self.v_cache[i], self.pos, span, n, self.scaling,
                                            self.pdl)
-            kernels.gemv(out, o_proj.weight, h, kernels.ADD, head_major=self.head_dim, pdl=self.pdl)
+            kernels.gemv(out, w_o, h, kernels.ADD, head_major=self.head_dim, pdl=self.pdl)
             kernels.gemv(h, w_gu, act, kernels.SILU_MUL, norm2.weight, norm2.variance_epsilon, pdl=self.pdl)
-            kernels.gemv(act, down.weight, h, kernels.ADD, pdl=self.pdl)
+            kernels.gemv(act, w_down, h, kernels.ADD, pdl=self.pdl)
         norm = self.model.model.norm
         kernels.gemv(h, head, logits, kernels.LOGITS, norm.weight, norm.variance_epsilon, pdl=self.pdl)
         return logits[:, : self.vocab]
@@ -408,5 +435,16 @@ class GraphModel:
         self.length = 0
 
     def weight_bytes(self) -> int:
-        """Bytes one decode step must read: every parameter once (tied embeddings counted once)."""
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """Bytes one decode step must read: every parameter once (tied embeddings counted once); with int8 / int4
+        weights, the packed matrices and head in place of theirs (the model's own copies stay, unread)."""
+        params = {p.data_ptr(): p.numel() * p.element_size() for p in self.model.parameters()}
+        if self.quant == "none":
+            return sum(params.values())
+        replaced = [self.model.lm_head.weight] + [w for _, (w_qkv, _), o, _, (w_gu, _), _, d in self.layers
+                                                  for w in (w_qkv, o.weight, w_gu, d.weight)]
+        tied = self.model.lm_head.weight.data_ptr() == self.model.model.embed_tokens.weight.data_ptr()
+        packed = sum(w.nbytes() for layer in self.step_weights for w in layer) + self.head_weight.nbytes()
+        # The fused matrices' slices are the projections' own parameters; a tied head is still the embedding.
+        fused = sum(w.numel() * w.element_size() for w in replaced[1:])
+        head = 0 if tied else replaced[0].numel() * replaced[0].element_size()
+        return sum(params.values()) - fused - head + packed

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from spec.models.base import cache_root
+from spec.models.quant import GROUP, KERNEL_FORMATS, PackedWeight
 
 MAX_ROWS = 128  # query rows (query heads per K/V head x new tokens) one program holds; more go to SDPA
 
@@ -281,21 +282,40 @@ def _precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
+def weight_operands(weight: torch.Tensor | PackedWeight) -> tuple[tuple, dict]:
+    """A product's weight as the kernels take it: (codes, scales, offsets) pointers and the QUANT and G constants.
+    A plain tensor (the model's dtype) passes itself for the pointers it does not use."""
+    if isinstance(weight, torch.Tensor):
+        return (weight, weight, weight), {"QUANT": 0, "G": GROUP}
+    zeros = weight.scales if weight.zeros is None else weight.zeros
+    return (weight.codes, weight.scales, zeros), {"QUANT": KERNEL_FORMATS[weight.scheme], "G": weight.group}
+
+
+def packed_columns(block_k: int, k: int, quant: dict) -> int:
+    """A one-token tile's columns for packed weights: the tuned bf16 tile's bytes, not its columns (int8 twice the
+    inputs, int4 four times), up to the product's width. Fewer bytes a tile would mean more iterations, each with
+    the same latency, for a product that is latency-bound already (int8 in bf16's tiles: 0.73 ms for the 1B step
+    against bf16's 0.80 on an H200)."""
+    return min(block_k * {0: 1, 1: 2, 2: 4}[quant["QUANT"]], max(block_k, _pow2(k)))
+
+
 def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_cache, v_cache,
              heads: int, kv_heads: int, config: tuple[int, ...] | None = None, pdl: bool = False) -> None:
-    """RMSNorm(h) [M, K] (or [K]: one token) times the fused q/k/v weight [(heads + 2 kv_heads) * D, K] (+ bias),
-    rotary embedding of token m at position pos + m on q and k; q into q_out, head-major [heads, M, D], k and v into
-    the caches [kv_heads, capacity, D] at pos + m. M <= MAX_FUSED_TOKENS."""
+    """RMSNorm(h) [M, K] (or [K]: one token) times the fused q/k/v weight [(heads + 2 kv_heads) * D, K] (+ bias;
+    a tensor or a PackedWeight), rotary embedding of token m at position pos + m on q and k; q into q_out,
+    head-major [heads, M, D], k and v into the caches [kv_heads, capacity, D] at pos + m. M <= MAX_FUSED_TOKENS."""
     dim = k_cache.shape[-1]
     tokens, k = (1, h.shape[0]) if h.dim() == 1 else h.shape
     config = config or gemv_config("qkv", dim // 2, k, h.device, tokens)
-    bias = w_qkv if b_qkv is None else b_qkv
+    operands, quant = weight_operands(w_qkv)
+    bias = operands[0] if b_qkv is None else b_qkv
     if tokens == 1:
         if dim // 2 % config[0]:
             raise ValueError(f"head size {dim}: {config[0]} rows a program do not tile half a head")
         _launch(_triton().qkv_rope, (heads + 2 * kv_heads, dim // 2 // config[0]), config, pdl, h, norm_weight, eps,
-                w_qkv, bias, cos, sin, pos, q_out, k_cache, v_cache, k, k_cache.stride(0), HEADS=heads, KV=kv_heads,
-                D=dim, HAS_BIAS=b_qkv is not None, BH=config[0], BLOCK_K=config[1])
+                *operands, bias, cos, sin, pos, q_out, k_cache, v_cache, k, k_cache.stride(0), HEADS=heads,
+                KV=kv_heads, D=dim, HAS_BIAS=b_qkv is not None, BH=config[0],
+                BLOCK_K=packed_columns(config[1], k, quant), **quant)
         return
     # 2-16 tokens: the product (its rows spread over every multiprocessor) into fp32, then one program a head for
     # the bias, rounding and rotary embedding. (A product of 6144 rows in programs that own whole heads' rotary
@@ -310,7 +330,8 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
 
 def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
          config: tuple[int, ...] | None = None, head_major: int = 0, pdl: bool = False) -> None:
-    """The product x . weight.T of M tokens x [M, K] (or [K]: one token) with an epilogue into `out` [M, N]: ADD
+    """The product x . weight.T of M tokens x [M, K] (or [K]: one token; weight [N, K], a tensor in the model's
+    dtype or a PackedWeight, int8 / int4 codes de-quantised in registers) with an epilogue into `out` [M, N]: ADD
     (out += y), SILU_MUL (the weight holds gate then up, N rows each: out = SiLU(gate) * up), LOGITS (out fp32 =
     y, rounded to the model's dtype) or RAW (2-16 tokens: out fp32 = y, unrounded, for rope_rows). With
     `norm_weight`, x is RMS-normalised first. `head_major` = D reads x as [K // D, M, D] (the attention's output)
@@ -320,10 +341,12 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     tokens = x.numel() // k
     kind = {ADD: "add", SILU_MUL: "silu_mul", LOGITS: "logits", RAW: "raw"}[epilogue]
     config = config or gemv_config(kind, n, k, x.device, tokens)
-    args = (x, x if norm_weight is None else norm_weight, eps, weight, out)
-    constexprs = dict(NORM=norm_weight is not None, EPILOGUE=epilogue, BN=config[0], BLOCK_K=config[1])
+    operands, quant = weight_operands(weight)
+    args = (x, x if norm_weight is None else norm_weight, eps, *operands, out)
+    constexprs = dict(NORM=norm_weight is not None, EPILOGUE=epilogue, BN=config[0], BLOCK_K=config[1], **quant)
     grid = (-(-n // config[0]),)
     if tokens == 1:
+        constexprs["BLOCK_K"] = packed_columns(config[1], k, quant)
         _launch(_triton().gemv, grid, config, pdl, *args, n, k, **constexprs)
     else:
         if tokens > MAX_FUSED_TOKENS:

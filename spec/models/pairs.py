@@ -97,23 +97,39 @@ def load_model(ref: str, device: torch.device, dtype: torch.dtype, role: str = "
 
 
 def make_model(model, vocab: int | None, backend: str, name: str, max_length: int | None = None,
-               compile: bool | None = None, pdl: bool = True) -> Model:
+               compile: bool | None = None, pdl: bool = True, quant: str = "none", what: str | None = None) -> Model:
     """Wrap a transformers model for the loop: `eager` -> EagerModel, `graph` -> GraphModel (CUDA, Llama/Qwen2),
     `auto` -> graph where it can run, else eager with the reason logged. `compile` (default: the
-    graph backend's own rule) and `pdl` (programmatic dependent launch of its kernels) apply to the graph backend."""
-    if backend == "eager":
-        return EagerModel(model, vocab, name=name)
+    graph backend's own rule) and `pdl` (programmatic dependent launch of its kernels) apply to the graph backend.
+    `quant` (int8 / int4, spec/models/quant.py): the eager backend replaces the model's Linear layers in place,
+    the graph backend packs its fused matrices for its kernels; either way the wrapper's `quantized` says what was
+    done (None for none). `what` names the flag in errors (default: `name`)."""
+    what = what or name
     if backend not in BACKENDS:
         raise ModelError(f"unknown backend {backend!r}; choose {', '.join(BACKENDS)}")
-    reason = unsupported_reason(model)
+    reason = "--backend eager" if backend == "eager" else unsupported_reason(model)
     if reason is None and model.device.type != "cuda":
         reason = f"it needs a CUDA device (the model is on {model.device})"
     if reason is None:
-        return GraphModel(model, vocab, name=name, max_length=max_length, compile=compile, pdl=pdl)
+        wrapped = GraphModel(model, vocab, name=name, max_length=max_length, compile=compile, pdl=pdl, quant=quant)
+        wrapped.quantized = None if quant == "none" else {
+            "scheme": quant, "seconds": wrapped.quant_seconds, "cache": "packed on the GPU for the fused kernels"}
+        return wrapped
     if backend == "graph":
         raise ModelError(f"{name}: --backend graph cannot run: {reason}")
-    log.info(f"{name}: backend auto -> eager, because {reason}")
-    return EagerModel(model, vocab, name=name)
+    if backend == "auto":
+        log.info(f"{name}: backend auto -> eager, because {reason}")
+    done = quantize_model(model, quant, what) if quant != "none" else None
+    wrapped = EagerModel(model, vocab, name=name)
+    wrapped.quantized = done
+    return wrapped
+
+
+def describe_quantized(name: str, model: Model, before: int) -> str:
+    """One log line for a wrapped model's int8 / int4 weights (`before`: its bytes unquantized)."""
+    done = model.quantized
+    return (f"{name} {done['scheme']} weights: {before / 1e9:.2f} -> {model.weight_bytes() / 1e9:.2f} GB a step, "
+            f"{done['seconds']:.1f} s, {done['cache']}")
 
 
 @dataclass
@@ -207,25 +223,26 @@ def load_pair(
         d = load_model(draft or preset.draft, dev, dt, role="draft", vocabulary_only=True)
         log.info(f"draft  {d.ref}: {d.how}, {d.seconds:.1f} s")
         seconds["draft"] = d.seconds
-        if draft_quant != "none":
-            done = quantize_model(d.model, draft_quant)
-            log.info(f"draft  {draft_quant} weights: {done['layers']} layers, {done['weight_bytes_before'] / 1e9:.2f} "
-                     f"-> {done['weight_bytes_after'] / 1e9:.2f} GB, {done['seconds']:.1f} s, {done['cache']} "
-                     "(changes no answer)")
-            seconds["draft_quant"] = done["seconds"]
         d_rows = d.model.config.get_text_config().vocab_size
         vocab = shared_vocab(t.tokenizer, d.tokenizer, t.model.config.get_text_config().vocab_size, d_rows,
                              allow_other_family)
         same_family = t.tokenizer is d.tokenizer or t.tokenizer.get_vocab() == d.tokenizer.get_vocab()
         draft_vocab = vocab if same_family else min(len(d.tokenizer), d_rows)
-        draft_model = make_model(d.model, draft_vocab, backend, name="draft")
+        before = model_bytes(d.model)
+        draft_model = make_model(d.model, draft_vocab, backend, name="draft", quant=draft_quant,
+                                 what="--draft-quant")
+        if draft_model.quantized:
+            log.info(describe_quantized("draft ", draft_model, before) + " (changes no answer)")
+            seconds["draft_quant"] = draft_model.quantized["seconds"]
         draft_tokenizer = None if same_family else d.tokenizer
     report = None
     if target_quant != "none":
-        report = quantize_target(t.model, t.tokenizer, vocab, target_quant, report_prompts, report_tokens,
-                                 reference, seconds)
+        target_model, report = quantize_target(t.model, t.tokenizer, vocab, target_quant, report_prompts,
+                                               report_tokens, reference, seconds, backend)
+    else:
+        target_model = make_model(t.model, vocab, backend, name="target")
     return Pair(
-        name=name, target=make_model(t.model, vocab, backend, name="target"), draft=draft_model,
+        name=name, target=target_model, draft=draft_model,
         tokenizer=t.tokenizer, eos=eos_ids(t.model, t.tokenizer), device=dev, dtype=dt, load_seconds=seconds,
         why=why, draft_tokenizer=draft_tokenizer, draft_quant=draft_quant if with_draft else "none",
         target_quant=target_quant, target_report=report,
@@ -233,22 +250,29 @@ def load_pair(
 
 
 def quantize_target(model, tokenizer, vocab: int, scheme: str, prompts: list | None, tokens: int,
-                    reference: Reference | None, seconds: dict) -> dict | None:
-    """Quantize the target in place, measuring it against itself unquantized first (when prompts or a reference
-    are given); returns the report. Logged loudly: unlike the draft's, this format changes the answers."""
+                    reference: Reference | None, seconds: dict, backend: str = "eager") -> tuple[Model, dict | None]:
+    """The target with `scheme` weights on `backend`, measured against itself unquantized first (when prompts or a
+    reference are given): (the wrapped target, the report). Logged loudly: unlike the draft's, this format changes
+    the answers."""
     dtype = dtype_name(model.dtype)
     if reference is None and prompts:
         plain = EagerModel(model, vocab, name="target")
         log.info(f"target {dtype} reference for --target-quant {scheme}: {len(prompts)} prompts x {tokens} tokens")
         reference = reference_run(plain, [chat_ids(tokenizer, p) for p in prompts], tokens, eos_ids(model, tokenizer))
-    done = quantize_model(model, scheme, "--target-quant")
+    before = model_bytes(model)
+    target = make_model(model, vocab, backend, name="target", quant=scheme, what="--target-quant")
+    done = target.quantized
     seconds["target_quant"] = done["seconds"]
-    log.info(f"target {scheme} weights: {done['layers']} layers, {done['weight_bytes_before'] / 1e9:.2f} -> "
-             f"{done['weight_bytes_after'] / 1e9:.2f} GB, {done['seconds']:.1f} s, {done['cache']}. THIS CHANGES "
-             f"THE MODEL: answers are the {scheme} target's, and exactness is against it, not the {dtype} target")
+    log.info(describe_quantized("target", target, before) + f". THIS CHANGES THE MODEL: answers are the {scheme} "
+             f"target's, and exactness is against it, not the {dtype} target")
     if reference is None:
         log.info(f"target {scheme}: no prompts given, so its distance from the {dtype} target is not measured")
-        return None
-    report = compare(EagerModel(model, vocab, name="target"), reference, scheme)
+        return target, None
+    report = compare(target, reference, scheme)
     log.info(f"target {describe(report, dtype)}")
-    return report
+    return target, report
+
+
+def model_bytes(model) -> int:
+    """Bytes of a transformers model's parameters (tied ones once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())

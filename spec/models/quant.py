@@ -17,8 +17,21 @@ Scales are kept in the model's dtype (bf16 by default). Measured on this project
 `Int8WeightOnlyConfig`, and its int4 configs have no CPU kernel left (`IntxWeightOnlyConfig` int4 de-quantises
 each call: 2.2 ms), which is why these wrappers call the ATen kernels directly.
 
-The embedding keeps its bf16 rows (a step reads one). The graph backend's fused kernels read bf16 weights, and the
-CUDA kernels for these formats are not wired yet: both are refused with the reason.
+The embedding keeps its bf16 rows (a step reads one).
+
+On CUDA the same codes run in two places:
+
+- the graph backend (the fast path): `PackedWeight` holds a fused matrix's codes in the layout its Triton kernels
+  read (spec/models/triton_kernels.py de-quantises them in registers inside the fused step: int8 codes [N, K]
+  and a scale per row applied to each row's sum; int4 two codes a byte, [N, K / 2], with a scale and an offset
+  per group of GROUP inputs, [N, K / GROUP] each). `GraphModel(quant=...)` packs its fused matrices at start-up
+  on the GPU (under a second for a 1B model), so nothing is cached for it;
+- the eager backend, for exactness runs and for models the graph backend cannot take: int4 through PyTorch's
+  tinygemm kernel (`aten._weight_int4pack_mm`, bf16 only), int8 as gpt-fast's `WeightOnlyInt8Linear` does it (the
+  codes cast to the activations' dtype, then scaled per row): correct, and no faster than bf16 there, where a
+  step is launch-bound anyway.
+
+fp8 is refused with the reason.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import safetensors.torch
@@ -50,11 +64,18 @@ def quant_error(what: str, scheme: str, device: torch.device | str) -> str | Non
     if scheme == "fp8":
         return (f"{what}: fp8 weights need a GPU with fp8 tensor cores and the graph backend's kernels, which are not "
                 "written yet; int8 and int4 run on the CPU")
-    if scheme != "none" and device.type != "cpu":
+    if scheme != "none" and device.type not in ("cpu", "cuda"):
         flag = what.split(":")[0] if what.startswith("--") else "--draft-quant / --target-quant"
-        return (f"{what}: {scheme} weights run on the CPU only so far: their CUDA kernels are not implemented yet "
-                f"(and the graph backend's fused kernels read bf16 weights); on {device.type} use {flag} none")
+        return f"{what}: {scheme} weights run on a CPU or a CUDA GPU, not on {device.type}; use {flag} none there"
     return None
+
+
+def eager_quant_error(what: str, scheme: str, device: torch.device | str, dtype: torch.dtype) -> str | None:
+    """Why the eager backend's layers cannot run `scheme` on `device` in `dtype` (beyond `quant_error`)."""
+    if scheme == "int4" and torch.device(device).type == "cuda" and dtype != torch.bfloat16:
+        return (f"{what}: int4 on the eager backend on CUDA runs PyTorch's tinygemm kernel, which takes bfloat16 only "
+                f"(not {str(dtype).removeprefix('torch.')}); use --dtype bfloat16, int8, or the graph backend")
+    return quant_error(what, scheme, device)
 
 
 def _up(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -119,8 +140,12 @@ class QuantLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scales.dtype).contiguous()
-        if self.scheme == "int8":
+        if self.scheme == "int8" and flat.is_cuda:  # no int8 kernel on CUDA in PyTorch: cast, multiply, scale rows
+            y = torch.nn.functional.linear(flat, self.codes.to(flat.dtype)) * self.scales
+        elif self.scheme == "int8":
             y = torch.ops.aten._weight_int8pack_mm(flat, self.codes, self.scales)
+        elif flat.is_cuda:
+            y = torch.ops.aten._weight_int4pack_mm(flat, self.codes, self.group, self.scales)[:, : self.out_features]
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.codes, self.group, self.scales)
             y = y[:, : self.out_features]
@@ -133,12 +158,15 @@ class QuantLinear(torch.nn.Module):
             f", groups of {self.group}" if self.scheme == "int4" else "")
 
 
-def pack_error(shape: tuple[int, int], scheme: str, group: int = GROUP) -> str | None:
-    """Why a [N, K] weight cannot be packed in `scheme`, or None."""
+def pack_error(shape: tuple[int, int], scheme: str, group: int = GROUP, cuda: bool = False) -> str | None:
+    """Why a [N, K] weight cannot be packed in `scheme` (`cuda`: for the eager backend's CUDA kernel), or None."""
     if scheme not in ("int8", "int4"):
         return f"the layers take int8 or int4, not {scheme!r}"
     if scheme == "int4" and shape[1] % group:
         return f"int4: a layer with {shape[1]} inputs does not split into groups of {group}"
+    if scheme == "int4" and cuda and shape[1] % (TINYGEMM_INNER_K_TILES * 16):
+        return (f"int4 on CUDA (tinygemm): a layer with {shape[1]} inputs is not a multiple of "
+                f"{TINYGEMM_INNER_K_TILES * 16}; the graph backend's kernels take it")
     return None
 
 
@@ -153,7 +181,60 @@ def pack(weight: torch.Tensor, scheme: str, group: int = GROUP) -> tuple[torch.T
     rows = -(-weight.shape[0] // INT4_ROWS) * INT4_ROWS
     padded = torch.cat([weight, weight.new_zeros(rows - weight.shape[0], weight.shape[1])])
     codes, scales = quantize_int4(padded, group)
+    if weight.is_cuda:  # tinygemm's layout: two codes a byte (high nibble first), tiled by the kernel's own rule
+        pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
+        return torch.ops.aten._convert_weight_to_int4pack(pairs, TINYGEMM_INNER_K_TILES), scales
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1), scales
+
+
+TINYGEMM_INNER_K_TILES = 8  # gpt-fast's choice; K must then be a multiple of 8 x 16 = 128 (pack_error says so)
+
+
+# ---- the graph backend's layout ---------------------------------------------------------------------------------
+
+KERNEL_FORMATS = {"none": 0, "int8": 1, "int4": 2}  # the fused kernels' QUANT constant
+
+
+@dataclass
+class PackedWeight:
+    """A [N, K] weight as the graph backend's fused kernels read it (the same codes `pack` makes, laid out for
+    them). int8: `codes` [N, K] int8, `scales` [N]; int4: `codes` [N, K / 2] uint8, group by group: byte
+    (group / 2) g + j holds the codes of inputs group g + j (low nibble) and group g + group / 2 + j (high nibble),
+    so each half of a group is one contiguous run of inputs; `scales` and `zeros` [N, K / group]: w = (q - 8) s + z."""
+
+    scheme: str
+    shape: tuple[int, int]
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None = None
+    group: int = GROUP
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.zeros) if t is not None)
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 weight [N, K] the codes stand for (the tests' reference)."""
+        if self.scheme == "int8":
+            return dequantize_int8(self.codes, self.scales)
+        halves = self.codes.view(self.shape[0], -1, self.group // 2)  # [N, K / group, group / 2]
+        grouped = torch.cat([halves & 15, halves >> 4], -1).float()  # [N, K / group, group], inputs in order
+        return ((grouped - 8) * self.scales.float()[..., None] + self.zeros.float()[..., None]).view(self.shape)
+
+
+def pack_for_kernels(weight: torch.Tensor, scheme: str, group: int = GROUP) -> PackedWeight:
+    """[N, K] weight -> `PackedWeight` in `scheme`: the codes and scales of `quantize_int8` / `quantize_int4`
+    (so the same weights get the same codes on every device), in the fused kernels' layout."""
+    if reason := pack_error(tuple(weight.shape), scheme, group, cuda=False):
+        raise ModelError(reason)
+    n, k = weight.shape
+    if scheme == "int8":
+        codes, scales = quantize_int8(weight)
+        return PackedWeight("int8", (n, k), codes.contiguous(), scales.contiguous())
+    codes, scales_and_zeros = quantize_int4(weight, group)  # codes [N, K] in 0..15, [K / group, N, 2]
+    halves = codes.view(n, k // group, 2, group // 2)
+    pairs = (halves[:, :, 0] | halves[:, :, 1] << 4).to(torch.uint8).reshape(n, k // 2).contiguous()
+    scale, zero = (scales_and_zeros[..., i].t().contiguous() for i in (0, 1))
+    return PackedWeight("int4", (n, k), pairs, scale, zero, group)
 
 
 # ---- the cache of packed weights ------------------------------------------------------------------------------
@@ -244,18 +325,21 @@ def quantize_model(model, scheme: str, what: str = "draft", cache: bool = True) 
     """Replace the decoder layers' and the head's Linear layers of a transformers causal LM in place; returns what
     it did: layers replaced, bytes of weights before and after, seconds, and whether the packed weights came from
     the cache (`cache=False`: neither read nor written). Every layer is checked before any is replaced."""
-    reason = quant_error(what, scheme, model.device)
+    reason = eager_quant_error(what, scheme, model.device, model.dtype)
     if reason:
         raise ModelError(reason)
     if scheme == "none":
         return {"scheme": "none"}
     start = time.perf_counter()
+    cuda = model.device.type == "cuda"
     linears = [(name, module) for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
     for name, linear in linears:
-        if reason := pack_error(tuple(linear.weight.shape), scheme):
+        if reason := pack_error(tuple(linear.weight.shape), scheme, cuda=cuda):
             raise ModelError(f"{what}: layer {name}: {reason}")
     names = [name for name, _ in linears]
-    packed, how = None, "not cached (cache off)"
+    packed, how = None, "not cached (quantized on the GPU, which takes well under a second)" if cuda else \
+        "not cached (cache off)"
+    cache = cache and not cuda
     if cache:
         key = cache_key(weights_digest(linears), scheme)
         folder = cache_folder(key)

@@ -89,20 +89,101 @@ def attention_combine(o_ptr, m_ptr, l_ptr, out_ptr, rows_n, splits,
 # is the first thing before any read of another kernel's output and before any write.
 
 
-@triton.jit
-def weight_tile(w_ptr, rows, rm, ks, K):
-    return tl.load(w_ptr + rows[:, None] * K + ks[None, :], mask=rm[:, None] & (ks < K)[None, :], other=0.0)
+#
+# Weights come in three formats (QUANT, spec/models/quant.py's PackedWeight): 0, the model's dtype, [N, K]; 1, int8
+# codes [N, K] with one scale per row (s_ptr [N]), applied to the row's sum (`row_scales`); 2, int4, two codes a
+# byte [N, K / 2], group by group (a group's first G / 2 inputs in the low nibbles of its G / 2 bytes, the rest in the
+# high ones), with a scale and an offset per group (s_ptr, z_ptr [N, K / G]): w = (q - 8) s + z. A one-token
+# product takes int4 tiles as [rows, groups, G / 2] bytes and sums each group before scaling it (`int4_sums`:
+# s sum((q - 8) x) + z sum(x)), so no scale is repeated per input; the 2-16-token one de-quantises a group at a time
+# into a tensor-core operand (`int4_group_dot`). A tile is loaded as it is stored (`weight_tile`) and de-quantised
+# only where it is used, so loading the next tile still overlaps the arithmetic on this one.
 
 
 @triton.jit
-def first_tiles(w_ptr, rows, rm, ks, K, N, EPILOGUE: tl.constexpr):
-    """A product's first weight tile, and for SILU_MUL the up projection's (rows N.. of the weight): loaded before
-    the wait for the previous kernel."""
-    w = weight_tile(w_ptr, rows, rm, ks, K)
-    u = w
+def weight_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
+    """Rows `rows` x inputs k0..k0+BLOCK_K-1 of a weight, as stored: (the tile, its scales, its offsets). int4:
+    bytes [rows, BLOCK_K / G, G / 2] and per-group scales and offsets [rows, BLOCK_K / G]; else [rows, BLOCK_K]
+    and zeros for the scales and offsets."""
+    s = 0.0
+    z = 0.0
+    if QUANT == 2:
+        g = k0 // G + tl.arange(0, BLOCK_K // G)
+        j = tl.arange(0, G // 2)
+        gm = g < K // G
+        w = tl.load(w_ptr + rows[:, None, None] * (K // 2) + g[None, :, None] * (G // 2) + j[None, None, :],
+                    mask=rm[:, None, None] & gm[None, :, None], other=0)
+        at = rows[:, None] * (K // G) + g[None, :]
+        s = tl.load(s_ptr + at, mask=rm[:, None] & gm[None, :], other=0.0)
+        z = tl.load(z_ptr + at, mask=rm[:, None] & gm[None, :], other=0.0)
+    else:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + rows[:, None] * K + ks[None, :], mask=rm[:, None] & (ks < K)[None, :], other=0)
+    return w, s, z
+
+
+@triton.jit
+def x_halves(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
+    """One token's inputs k0..k0+BLOCK_K-1 as the first and second halves of their groups ([BLOCK_K / G, G / 2]
+    each, fp32, times RMSNorm's weight with NORM), and the running sum of their squares (same shape)."""
+    g = k0 // G + tl.arange(0, BLOCK_K // G)
+    j = tl.arange(0, G // 2)
+    at = g[:, None] * G + j[None, :]
+    ok = (g < K // G)[:, None] & (j >= 0)[None, :]
+    xl = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    xh = tl.load(x_ptr + at + G // 2, mask=ok, other=0.0).to(tl.float32)
+    if NORM:
+        sq += xl * xl + xh * xh
+        xl = xl * tl.load(nw_ptr + at, mask=ok, other=0.0).to(tl.float32)
+        xh = xh * tl.load(nw_ptr + at + G // 2, mask=ok, other=0.0).to(tl.float32)
+    return xl, xh, sq
+
+
+@triton.jit
+def int4_sums(w, s, z, xl, xh):
+    """Each group's share of a one-token product, [rows, groups]: s sum((q - 8) x) + z sum(x) over its inputs."""
+    part = tl.sum(((w & 15).to(tl.float32) - 8.0) * xl[None, :, :] + ((w >> 4).to(tl.float32) - 8.0) * xh[None, :, :],
+                  2)
+    return s.to(tl.float32) * part + z.to(tl.float32) * tl.sum(xl + xh, 1)[None, :]
+
+
+@triton.jit
+def int4_group_dot(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, xl, xh, acc, G: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + one group's share of an M-token product: its two halves de-quantised to the tokens' dtype
+    (w = (q - 8) s + z, rounded once) times their inputs xl, xh [G / 2, MP]."""
+    j = tl.arange(0, G // 2)
+    b = tl.load(w_ptr + rows[:, None] * (K // 2) + k0 // 2 + j[None, :], mask=rm[:, None], other=0)
+    at = rows * (K // G) + k0 // G
+    s = tl.load(s_ptr + at, mask=rm, other=0.0).to(tl.float32)[:, None]
+    z = tl.load(z_ptr + at, mask=rm, other=0.0).to(tl.float32)[:, None]
+    lo = (((b & 15).to(tl.float32) - 8.0) * s + z).to(xl.dtype)
+    hi = (((b >> 4).to(tl.float32) - 8.0) * s + z).to(xl.dtype)
+    acc = tl.dot(lo, xl, acc, input_precision=PRECISION)
+    return tl.dot(hi, xh, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def weights(w, s, z, QUANT: tl.constexpr):
+    """A stored model-dtype or int8 tile as fp32 weights [rows, BLOCK_K] (int8 still without its row scales)."""
+    return w.to(tl.float32)
+
+
+@triton.jit
+def row_scales(s_ptr, rows, rm, QUANT: tl.constexpr):
+    """int8's per-row scales (fp32 [rows]); exactly 1 otherwise (nothing is read)."""
+    return tl.load(s_ptr + rows, mask=rm & (QUANT == 1), other=1.0).to(tl.float32)
+
+
+@triton.jit
+def first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, K, N, EPILOGUE: tl.constexpr, BLOCK_K: tl.constexpr,
+                QUANT: tl.constexpr, G: tl.constexpr):
+    """A product's first weight tile, and for SILU_MUL the up projection's (rows N.. of the weight), each with its
+    scales and offsets: loaded before the wait for the previous kernel."""
+    w, ws, wz = weight_tile(w_ptr, s_ptr, z_ptr, rows, rm, 0, K, BLOCK_K, QUANT, G)
+    u, us, uz = w, ws, wz
     if EPILOGUE == 1:
-        u = weight_tile(w_ptr, rows + N, rm, ks, K)
-    return w, u
+        u, us, uz = weight_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, 0, K, BLOCK_K, QUANT, G)
+    return w, ws, wz, u, us, uz
 
 
 @triton.jit
@@ -137,9 +218,9 @@ def rotary(ya, yb, ca, cb, sa, sb, rotate, like_ptr):
 
 
 @triton.jit
-def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, K, kv_stride,
-             HEADS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, HAS_BIAS: tl.constexpr,
-             BH: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, K,
+             kv_stride, HEADS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, HAS_BIAS: tl.constexpr,
+             BH: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     head = tl.program_id(0)  # q heads, then k heads, then v heads
@@ -148,8 +229,10 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr,
     rows_b = rows_a + D // 2  # their rotary partners
     every = j >= 0
     ks = tl.arange(0, BLOCK_K)
-    wa = weight_tile(w_ptr, rows_a, every, ks, K)
-    wb = weight_tile(w_ptr, rows_b, every, ks, K)
+    wa, sa_, za = weight_tile(w_ptr, s_ptr, z_ptr, rows_a, every, 0, K, BLOCK_K, QUANT, G)
+    wb, sb_, zb = weight_tile(w_ptr, s_ptr, z_ptr, rows_b, every, 0, K, BLOCK_K, QUANT, G)
+    ra = row_scales(s_ptr, rows_a, every, QUANT)
+    rb = row_scales(s_ptr, rows_b, every, QUANT)
     # The position, rotary tables and biases are written before the step starts: load them early too.
     pos = tl.load(pos_ptr)
     ca = tl.load(cos_ptr + pos * D + j).to(tl.float32)
@@ -163,23 +246,37 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr,
         bb = tl.load(b_ptr + rows_b).to(tl.float32)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    acc_a = tl.zeros([BH, BLOCK_K], tl.float32)
-    acc_b = tl.zeros([BH, BLOCK_K], tl.float32)
-    sq = tl.zeros([BLOCK_K], tl.float32)
+    if QUANT == 2:
+        acc_a = tl.zeros([BH, BLOCK_K // G], tl.float32)
+        acc_b = tl.zeros([BH, BLOCK_K // G], tl.float32)
+        sq = tl.zeros([BLOCK_K // G, G // 2], tl.float32)
+    else:
+        acc_a = tl.zeros([BH, BLOCK_K], tl.float32)
+        acc_b = tl.zeros([BH, BLOCK_K], tl.float32)
+        sq = tl.zeros([BLOCK_K], tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        wa_next = weight_tile(w_ptr, rows_a, every, k0 + BLOCK_K + ks, K)
-        wb_next = weight_tile(w_ptr, rows_b, every, k0 + BLOCK_K + ks, K)
-        km = k0 + ks < K
-        x = tl.load(h_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
-        sq += x * x
-        x = x * tl.load(nw_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
-        acc_a += wa.to(tl.float32) * x[None, :]
-        acc_b += wb.to(tl.float32) * x[None, :]
-        wa = wa_next
-        wb = wb_next
+        wa_next, sa_next, za_next = weight_tile(w_ptr, s_ptr, z_ptr, rows_a, every, k0 + BLOCK_K, K, BLOCK_K, QUANT,
+                                                G)
+        wb_next, sb_next, zb_next = weight_tile(w_ptr, s_ptr, z_ptr, rows_b, every, k0 + BLOCK_K, K, BLOCK_K, QUANT,
+                                                G)
+        if QUANT == 2:
+            xl, xh, sq = x_halves(h_ptr, nw_ptr, k0, K, sq, True, BLOCK_K, G)
+            acc_a += int4_sums(wa, sa_, za, xl, xh)
+            acc_b += int4_sums(wb, sb_, zb, xl, xh)
+        else:
+            km = k0 + ks < K
+            x = tl.load(h_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
+            sq += x * x
+            x = x * tl.load(nw_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
+            acc_a += weights(wa, sa_, za, QUANT) * x[None, :]
+            acc_b += weights(wb, sb_, zb, QUANT) * x[None, :]
+        wa, sa_, za = wa_next, sa_next, za_next
+        wb, sb_, zb = wb_next, sb_next, zb_next
+    if QUANT == 2:
+        sq = tl.sum(sq, 1)
     r = tl.rsqrt(tl.sum(sq, 0) / K + eps)  # RMSNorm's scale, applied after the sum
-    ya = tl.sum(acc_a, 1) * r
-    yb = tl.sum(acc_b, 1) * r
+    ya = tl.sum(acc_a, 1) * ra * r
+    yb = tl.sum(acc_b, 1) * rb * r
     dtype = q_ptr.dtype.element_ty
     ya = (ya + ba).to(dtype).to(tl.float32)
     yb = (yb + bb).to(dtype).to(tl.float32)
@@ -198,36 +295,53 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr,
 
 
 @triton.jit
-def gemv(x_ptr, nw_ptr, eps, w_ptr, out_ptr, N, K,
-         NORM: tl.constexpr, EPILOGUE: tl.constexpr, BN: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
+         NORM: tl.constexpr, EPILOGUE: tl.constexpr, BN: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+         QUANT: tl.constexpr, G: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     rm = rows < N
     ks = tl.arange(0, BLOCK_K)
-    w, u = first_tiles(w_ptr, rows, rm, ks, K, N, EPILOGUE)
+    w, ws, wz, u, us, uz = first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, K, N, EPILOGUE, BLOCK_K, QUANT, G)
+    rw = row_scales(s_ptr, rows, rm, QUANT)
+    ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    acc = tl.zeros([BN, BLOCK_K], tl.float32)
-    acc_up = tl.zeros([BN, BLOCK_K], tl.float32)
-    sq = tl.zeros([BLOCK_K], tl.float32)
+    if QUANT == 2:
+        acc = tl.zeros([BN, BLOCK_K // G], tl.float32)
+        acc_up = tl.zeros([BN, BLOCK_K // G], tl.float32)
+        sq = tl.zeros([BLOCK_K // G, G // 2], tl.float32)
+    else:
+        acc = tl.zeros([BN, BLOCK_K], tl.float32)
+        acc_up = tl.zeros([BN, BLOCK_K], tl.float32)
+        sq = tl.zeros([BLOCK_K], tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        w_next = weight_tile(w_ptr, rows, rm, k0 + BLOCK_K + ks, K)
-        u_next = w_next
+        w_next, ws_next, wz_next = weight_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0 + BLOCK_K, K, BLOCK_K, QUANT, G)
+        u_next, us_next, uz_next = w_next, ws_next, wz_next
         if EPILOGUE == 1:
-            u_next = weight_tile(w_ptr, rows + N, rm, k0 + BLOCK_K + ks, K)
-        km = k0 + ks < K
-        x = tl.load(x_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
-        if NORM:
-            sq += x * x
-            x = x * tl.load(nw_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32) * x[None, :]
-        if EPILOGUE == 1:
-            acc_up += u.to(tl.float32) * x[None, :]
-        w = w_next
-        u = u_next
-    y = tl.sum(acc, 1)
-    up = tl.sum(acc_up, 1)
+            u_next, us_next, uz_next = weight_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, k0 + BLOCK_K, K, BLOCK_K,
+                                                   QUANT, G)
+        if QUANT == 2:
+            xl, xh, sq = x_halves(x_ptr, nw_ptr, k0, K, sq, NORM, BLOCK_K, G)
+            acc += int4_sums(w, ws, wz, xl, xh)
+            if EPILOGUE == 1:
+                acc_up += int4_sums(u, us, uz, xl, xh)
+        else:
+            km = k0 + ks < K
+            x = tl.load(x_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
+            if NORM:
+                sq += x * x
+                x = x * tl.load(nw_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
+            acc += weights(w, ws, wz, QUANT) * x[None, :]
+            if EPILOGUE == 1:
+                acc_up += weights(u, us, uz, QUANT) * x[None, :]
+        w, ws, wz = w_next, ws_next, wz_next
+        u, us, uz = u_next, us_next, uz_next
+    if QUANT == 2:
+        sq = tl.sum(sq, 1)
+    y = tl.sum(acc, 1) * rw
+    up = tl.sum(acc_up, 1) * ru
     if NORM:  # RMSNorm's scale, applied after the sum
         r = tl.rsqrt(tl.sum(sq, 0) / K + eps)
         y = y * r
@@ -268,9 +382,20 @@ def normed_tile(x_ptr, nw_ptr, ks, ms, mm, K, M, sq, XD: tl.constexpr, NORM: tl.
 
 
 @triton.jit
-def gemv_rows(x_ptr, nw_ptr, eps, w_ptr, out_ptr, M, N, K,
+def dot_operand(w, like_ptr, QUANT: tl.constexpr):
+    """A stored model-dtype or int8 tile as a tensor-core operand in the model's dtype (like_ptr's): int8 codes are
+    integers of at most 127, exact in bf16, fp16 and fp32."""
+    if QUANT == 0:
+        return w
+    else:
+        return w.to(like_ptr.dtype.element_ty)
+
+
+@triton.jit
+def gemv_rows(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K,
               NORM: tl.constexpr, EPILOGUE: tl.constexpr, XD: tl.constexpr, BN: tl.constexpr,
-              BLOCK_K: tl.constexpr, MP: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr):
+              BLOCK_K: tl.constexpr, MP: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr,
+              QUANT: tl.constexpr, G: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -278,22 +403,38 @@ def gemv_rows(x_ptr, nw_ptr, eps, w_ptr, out_ptr, M, N, K,
     ms = tl.arange(0, MP)
     mm = ms < M
     ks = tl.arange(0, BLOCK_K)
-    w, u = first_tiles(w_ptr, rows, rm, ks, K, N, EPILOGUE)
+    if QUANT != 2:
+        w, ws, wz, u, us, uz = first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, K, N, EPILOGUE, BLOCK_K, QUANT, G)
+    rw = row_scales(s_ptr, rows, rm, QUANT)
+    ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
     if PDL:
         tl.extra.cuda.gdc_wait()
     sq = tl.zeros([MP], tl.float32)
-    x, sq = normed_tile(x_ptr, nw_ptr, ks, ms, mm, K, M, sq, XD, NORM)
-    acc = tl.dot(w, x, input_precision=PRECISION)  # [BN, MP], fp32
-    acc_up = acc
-    if EPILOGUE == 1:
-        acc_up = tl.dot(u, x, input_precision=PRECISION)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        x, sq = normed_tile(x_ptr, nw_ptr, k0 + ks, ms, mm, K, M, sq, XD, NORM)
-        acc = tl.dot(weight_tile(w_ptr, rows, rm, k0 + ks, K), x, acc, input_precision=PRECISION)
+    if QUANT == 2:  # a group at a time: its two halves, each a tensor-core product with its inputs
+        hs = tl.arange(0, G // 2)
+        acc = tl.zeros([BN, MP], tl.float32)
+        acc_up = tl.zeros([BN, MP], tl.float32)
+        for k0 in range(0, K, G):
+            xl, sq = normed_tile(x_ptr, nw_ptr, k0 + hs, ms, mm, K, M, sq, XD, NORM)
+            xh, sq = normed_tile(x_ptr, nw_ptr, k0 + G // 2 + hs, ms, mm, K, M, sq, XD, NORM)
+            acc = int4_group_dot(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, xl, xh, acc, G, PRECISION)
+            if EPILOGUE == 1:
+                acc_up = int4_group_dot(w_ptr, s_ptr, z_ptr, rows + N, rm, k0, K, xl, xh, acc_up, G, PRECISION)
+    else:
+        x, sq = normed_tile(x_ptr, nw_ptr, ks, ms, mm, K, M, sq, XD, NORM)
+        acc = tl.dot(dot_operand(w, x_ptr, QUANT), x, input_precision=PRECISION)  # [BN, MP], fp32
+        acc_up = acc
         if EPILOGUE == 1:
-            acc_up = tl.dot(weight_tile(w_ptr, rows + N, rm, k0 + ks, K), x, acc_up, input_precision=PRECISION)
-    y = acc
-    up = acc_up
+            acc_up = tl.dot(dot_operand(u, x_ptr, QUANT), x, input_precision=PRECISION)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            x, sq = normed_tile(x_ptr, nw_ptr, k0 + ks, ms, mm, K, M, sq, XD, NORM)
+            w, ws, wz = weight_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K, QUANT, G)
+            acc = tl.dot(dot_operand(w, x_ptr, QUANT), x, acc, input_precision=PRECISION)
+            if EPILOGUE == 1:
+                u, us, uz = weight_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, k0, K, BLOCK_K, QUANT, G)
+                acc_up = tl.dot(dot_operand(u, x_ptr, QUANT), x, acc_up, input_precision=PRECISION)
+    y = acc * rw[:, None]
+    up = acc_up * ru[:, None]
     if NORM:  # RMSNorm's scale, per token, applied after the sum
         r = tl.rsqrt(sq / K + eps)
         y = y * r[None, :]
