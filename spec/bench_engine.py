@@ -6,10 +6,13 @@ Measures, on one cached context (default 512 tokens), batch 1:
   - the draft cost ratio c = draft step / target step, and verify(8 tokens) / verify(1 token);
   - the round overhead at K: 1 - (K draft steps + one K+1 verify) / measured round time (graph backend);
   - the memory roofline: the target's weight bytes over a measured device-to-device copy bandwidth;
+  - with `--draft-quants int8,int4`: the same draft with int8 / int4 weights in the graph backend's fused kernels
+    (spec/models/quant.py): its step, c, bytes, and a speculative decode with it (the answers are the same);
   - with `--parts exactness`: greedy identity of plain / speculative decoding across backends, the first divergence,
     its top-2 logit gap, and the logit error between shapes (1-token step vs K+1 verify, graph vs eager).
 
     python -m spec.bench_engine --pair llama-random --device cuda
+    python -m spec.bench_engine --pair llama-random --device cuda --draft-quants int8,int4
     python -m spec.bench_engine --pair llama-random --device cuda --dtype float32 --parts exactness
     python -m spec.bench_engine --pair tiny --device cpu --backends eager,static   (a smoke run without a GPU)
 
@@ -36,7 +39,10 @@ from spec.models import ModelError, dtype_name, kernels, make_model, sync_time
 from spec.models.graph import GraphModel
 
 BARS = {"graph_plain_tok_s": (">=", 215.0), "c_graph": ("<=", 0.20), "verify_ratio_8_over_1": ("<=", 1.15),
-        "round_overhead_k4": ("<=", 0.10)}
+        "round_overhead_k4": ("<=", 0.10),
+        # issue 18, llama-random on an H200: the 1B step with int4 / int8 weights, and int4's c
+        "draft_step_ms_int4": ("<=", 0.40), "c_graph_int4": ("<=", 0.10), "draft_step_ms_int8": ("<=", 0.55)}
+QUANT_ROLE = "draft_"  # roles draft_int8, draft_int4: the draft with those weights (graph backends only)
 
 
 def step_ms(model, context: torch.Tensor, n: int, reps: int, vocab: int) -> float:
@@ -149,7 +155,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="launch the Triton kernels without programmatic dependent launch (to time each on its own)")
     g.add_argument("--parts", default="speed,exactness", help="speed and/or exactness (default both)")
     g.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
+    g.add_argument("--draft-quants", default="",
+                   help="comma-separated int8, int4: also time the draft with these weights in each graph backend's "
+                        "fused kernels, beside its own (default: none); keys draft_step_ms_<q>, c_graph_<q>")
     args = parser.parse_args(argv)
+    args.draft_quants = [q for q in args.draft_quants.split(",") if q]
+    if set(args.draft_quants) - {"int8", "int4"}:
+        parser.error(f"--draft-quants takes int8 and int4, got {args.draft_quants}")
     try:
         args.ns = sorted({1, args.k + 1, *(int(n) for n in args.ns.split(","))})
     except ValueError:
@@ -162,8 +174,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def build_backends(pair, backends: list[str], max_length: int, pdl: bool) -> dict[str, dict[str, object]]:
-    """{backend: {"target": model, "draft": model}} over the pair's own transformers models."""
+def build_backends(pair, backends: list[str], max_length: int, pdl: bool,
+                   draft_quants: list[str] = ()) -> dict[str, dict[str, object]]:
+    """{backend: {"target": model, "draft": model, "draft_int4": model, ...}} over the pair's own transformers
+    models (the quantized drafts in graph backends with the fused kernels)."""
     models: dict[str, dict[str, object]] = {"eager": {"target": pair.target, "draft": pair.draft}}
     roles = (("target", pair.target), ("draft", pair.draft))
     for backend in backends:
@@ -180,6 +194,11 @@ def build_backends(pair, backends: list[str], max_length: int, pdl: bool) -> dic
         elif backend == "static":
             models[backend] = {role: GraphModel(m.model, m.vocab, role, max_length, graphs=False, pdl=pdl)
                                for role, m in roles}
+        if draft_quants and getattr(models[backend]["draft"], "fused_step", False):
+            for scheme in draft_quants:
+                models[backend][QUANT_ROLE + scheme] = GraphModel(pair.draft.model, pair.draft.vocab,
+                                                                  f"draft ({scheme})", max_length, pdl=pdl,
+                                                                  quant=scheme)
     return {b: models[b] for b in backends}
 
 
@@ -189,6 +208,8 @@ def measure_speed(pair, models: dict, args, prompt: list[int], data: dict, resul
     context = torch.tensor(prompt, device=pair.device)
     bw = copy_bandwidth(pair.device, megabytes=2048, reps=10, trials=1) if pair.device.type == "cuda" else math.nan
     weights = {role: getattr(pair, role).weight_bytes() for role in ("target", "draft")}
+    for pair_models in models.values():
+        weights.update({role: m.weight_bytes() for role, m in pair_models.items() if role.startswith(QUANT_ROLE)})
     data.update(bandwidth_gb_s=bw / 1e9, weight_bytes=weights, roofline_tok_s=bw / weights["target"],
                 roofline_ms={role: b / bw * 1e3 for role, b in weights.items()})
     data["steps_ms"] = {}
@@ -214,6 +235,13 @@ def measure_speed(pair, models: dict, args, prompt: list[int], data: dict, resul
         data[f"{backend}_spec_k{args.k}"] = {key: v for key, v in spec.items() if key != "tokens"}
         kernel = args.k * steps["draft"]["1"] + steps["target"][str(args.k + 1)]
         data[f"{backend}_round_overhead_k{args.k}"] = 1 - kernel / spec["round_ms"]
+        for role in (r for r in pair_models if r.startswith(QUANT_ROLE)):
+            scheme = role.removeprefix(QUANT_ROLE)
+            data[f"c_{backend}_{scheme}"] = steps[role]["1"] / steps["target"]["1"]
+            run = decode_tok_s(pair_models["target"], ModelDrafter(pair_models[role]), prompt, args.tokens, args.k)
+            data[f"{backend}_spec_k{args.k}_{scheme}"] = {key: v for key, v in run.items() if key != "tokens"}
+            data[f"{backend}_spec_k{args.k}_{scheme}"]["same_tokens_as_unquantized_draft"] = (
+                run["tokens"] == spec["tokens"])
     headline = next((b for b in ("graph", "graph-nocompile", "static") if b in models), None)
     if headline:
         # The headline keys come from the fastest graph backend that ran; `graph_backend` names it.
@@ -222,6 +250,11 @@ def measure_speed(pair, models: dict, args, prompt: list[int], data: dict, resul
         data["c_graph"] = data.get(f"c_{headline}", math.nan)
         data["verify_ratio_8_over_1"] = data.get(f"verify_ratio_8_over_1_{headline}", math.nan)
         data[f"round_overhead_k{args.k}"] = data[f"{headline}_round_overhead_k{args.k}"]
+        data["draft_step_ms"] = data["steps_ms"][headline]["draft"]["1"]
+        for scheme in args.draft_quants:
+            if f"c_{headline}_{scheme}" in data:
+                data[f"c_graph_{scheme}"] = data[f"c_{headline}_{scheme}"]
+                data[f"draft_step_ms_{scheme}"] = data["steps_ms"][headline][QUANT_ROLE + scheme]["1"]
     if not args.no_hf:
         log.info("transformers generate")
         data["hf_generate_tok_s"] = hf_generate_tok_s(pair.target.model, prompt, min(args.tokens, 64))
@@ -238,6 +271,7 @@ def report(data: dict, args) -> None:
         print(table(rows, [("backend", "s"), ("role", "s"), *((f"n={n}", ".2f") for n in args.ns)]))
         summary = [{"metric": key, "value": data[key]} for key in (
             "hf_generate_tok_s", *(f"{b}_plain_tok_s" for b in args.backends), "roofline_tok_s", "c_graph",
+            "draft_step_ms", *(f"{key}_{q}" for q in args.draft_quants for key in ("draft_step_ms", "c_graph")),
             "verify_ratio_8_over_1", f"round_overhead_k{args.k}", "bandwidth_gb_s") if key in data]
         print()
         print(table(summary, [("metric", "s"), ("value", ".3f")]))
@@ -260,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("error: the benchmark needs a same-family draft model")
     max_length = args.context + max(args.tokens, max(args.ns), 64) + args.k + 8
     try:
-        models = build_backends(pair, args.backends, max_length, pdl=not args.no_pdl)
+        models = build_backends(pair, args.backends, max_length, pdl=not args.no_pdl, draft_quants=args.draft_quants)
     except ModelError as err:
         sys.exit(f"error: {err}")
     prompt = torch.randint(0, pair.target.vocab, (args.context,), generator=torch.Generator().manual_seed(0)).tolist()
