@@ -206,6 +206,30 @@ def test_other_source_weights_are_another_entry(counted_packs):
     assert "quantized" in qz.quantize_model(model, "int8")["cache"] and len(counted_packs) == 15
 
 
+def test_a_named_source_keys_the_cache_without_reading_every_weight(monkeypatch):
+    """With `weights_source` (the packaged loader's verified GGUF hash and dtype) the key hashes the source's name
+    and each weight's two ends, not all of its bytes: another source, or a weight changed at either end, is another
+    key; the same source is the same key as before."""
+    model = build_tiny("draft", torch.device("cpu"), torch.float32)
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    full = qz.weights_digest(linears)
+    named = qz.weights_digest(linears, "gguf abc as float32")
+    assert named != full and named == qz.weights_digest(linears, "gguf abc as float32")
+    assert qz.weights_digest(linears, "gguf abd as float32") != named
+    monkeypatch.setattr(qz, "SAMPLE_BYTES", 64)  # the tiny weights are smaller than the default sample
+    sampled = qz.weights_digest(linears, "gguf abc as float32")
+    with torch.no_grad():
+        head = model.lm_head.weight  # 8,192 values: 64 bytes = its first and last 16
+        head[0, 1] += 1.0
+        assert qz.weights_digest(linears, "gguf abc as float32") != sampled
+        head[0, 1] -= 1.0
+        head[-1, -1] += 1.0
+        assert qz.weights_digest(linears, "gguf abc as float32") != sampled
+        head[-1, -1] -= 1.0
+        head[100, 7] += 1.0  # the middle: not sampled, the same key (the source's name vouches for it)
+        assert qz.weights_digest(linears, "gguf abc as float32") == sampled
+
+
 @pytest.mark.parametrize("damage", ["flipped byte", "truncated", "manifest"])
 def test_a_corrupt_entry_is_rebuilt_not_used(damage, counted_packs):
     fresh, _ = quantize_tiny("int4", "draft")

@@ -153,6 +153,7 @@ def load_packaged(name: str, device, dtype, vocabulary_only: bool = False):
     stamp = converted / "spark-spec.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("gguf_sha256") == spec.sha256:
         model, tok = from_pretrained(str(converted), device, dtype, vocabulary_only)
+        model.weights_source = source_id(spec, precision)
         return model, tok, "converted copy (warm)"
     gguf = assemble_gguf(spec, root / "gguf")
     log.info(f"de-quantising {gguf.name} to {precision} (once; later loads read the converted copy)")
@@ -173,6 +174,14 @@ def load_packaged(name: str, device, dtype, vocabulary_only: bool = False):
         os.replace(tmp, converted)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return model.to(device), tok, "GGUF de-quantised (cold)"
+    model = model.to(device)
+    model.weights_source = source_id(spec, precision)
+    return model, tok, "GGUF de-quantised (cold)"
+
+
+def source_id(spec, precision: str) -> str:
+    """What a packaged model's weights are, without reading them: the verified GGUF's SHA-256 and the dtype it was
+    de-quantised to (the quantized-weight cache keys on it, spec/models/quant.py)."""
+    return f"packaged GGUF sha256 {spec.sha256} as {precision}"
 
 
