@@ -188,11 +188,19 @@ print("ok")
 """
 
 
-def interpreter_env(root: Path) -> dict:
-    """The environment of a fresh process that runs the kernels in Triton's interpreter: the project first on the
-    path, then whatever the caller's path held (a Triton installed apart, say)."""
+def run_interpreted(script: str) -> None:
+    """Run `script` in a fresh process with the kernels in Triton's interpreter (TRITON_INTERPRET must be set before
+    Triton defines them): the project first on the path, then whatever the caller's path held (a Triton installed
+    apart, say). It must print "ok"; skipped without Triton, or where its interpreter cannot run."""
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
     path = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
+    run = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
+                         timeout=900)
+    if "converted to Python scalars" in run.stderr:  # Triton 3.6's interpreter under numpy >= 2.4
+        pytest.skip("Triton's interpreter does not run with this numpy")
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
 
 
 def test_fused_kernels_in_tritons_interpreter():
@@ -201,14 +209,7 @@ def test_fused_kernels_in_tritons_interpreter():
     kernels, hence a fresh process), across a span boundary; and the split-KV attention, one-pass and two-pass,
     against SDPA. Runs wherever Triton is installed, not in CI."""
 
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[1]
-    env = interpreter_env(root)
-    run = subprocess.run([sys.executable, "-c", INTERPRETED_WALK], env=env, cwd=root, capture_output=True,
-                         text=True, timeout=900)
-    if "converted to Python scalars" in run.stderr:  # Triton 3.6's interpreter under numpy >= 2.4
-        pytest.skip("Triton's interpreter does not run with this numpy")
-    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+    run_interpreted(INTERPRETED_WALK)
 
 
 def dequantized_copy(model, scheme: str):
@@ -253,14 +254,7 @@ def test_quantized_fused_kernels_in_tritons_interpreter():
     chunks) against the layer stack over the weights the codes stand for, in Triton's interpreter (fp32): the
     de-quantisation in registers (int4's nibble order and group offsets, int8's row scales after the sum) is the
     arithmetic it claims. Runs wherever Triton is installed, not in CI."""
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[1]
-    env = interpreter_env(root)
-    run = subprocess.run([sys.executable, "-c", INTERPRETED_QUANT_WALK], env=env, cwd=root, capture_output=True,
-                         text=True, timeout=900)
-    if "converted to Python scalars" in run.stderr:  # Triton 3.6's interpreter under numpy >= 2.4
-        pytest.skip("Triton's interpreter does not run with this numpy")
-    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+    run_interpreted(INTERPRETED_QUANT_WALK)
 
 
 @cuda

@@ -163,6 +163,19 @@ def int4_group_dot(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, xl, xh, acc, G: tl.cons
 
 
 @triton.jit
+def accumulators(ROWS: tl.constexpr, BLOCK_K: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
+    """A one-token product's two running sums (fp32, a column each, or for int4 a group each) and its inputs'
+    running sum of squares (a column each, or [groups, G / 2] as `x_halves` loads them)."""
+    if QUANT == 2:
+        acc = tl.zeros([ROWS, BLOCK_K // G], tl.float32)
+        sq = tl.zeros([BLOCK_K // G, G // 2], tl.float32)
+    else:
+        acc = tl.zeros([ROWS, BLOCK_K], tl.float32)
+        sq = tl.zeros([BLOCK_K], tl.float32)
+    return acc, acc, sq
+
+
+@triton.jit
 def weights(w, s, z, QUANT: tl.constexpr):
     """A stored model-dtype or int8 tile as fp32 weights [rows, BLOCK_K] (int8 still without its row scales)."""
     return w.to(tl.float32)
@@ -246,14 +259,7 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
         bb = tl.load(b_ptr + rows_b).to(tl.float32)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    if QUANT == 2:
-        acc_a = tl.zeros([BH, BLOCK_K // G], tl.float32)
-        acc_b = tl.zeros([BH, BLOCK_K // G], tl.float32)
-        sq = tl.zeros([BLOCK_K // G, G // 2], tl.float32)
-    else:
-        acc_a = tl.zeros([BH, BLOCK_K], tl.float32)
-        acc_b = tl.zeros([BH, BLOCK_K], tl.float32)
-        sq = tl.zeros([BLOCK_K], tl.float32)
+    acc_a, acc_b, sq = accumulators(BH, BLOCK_K, QUANT, G)
     for k0 in range(0, K, BLOCK_K):
         wa_next, sa_next, za_next = weight_tile(w_ptr, s_ptr, z_ptr, rows_a, every, k0 + BLOCK_K, K, BLOCK_K, QUANT,
                                                 G)
@@ -308,14 +314,7 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
     ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    if QUANT == 2:
-        acc = tl.zeros([BN, BLOCK_K // G], tl.float32)
-        acc_up = tl.zeros([BN, BLOCK_K // G], tl.float32)
-        sq = tl.zeros([BLOCK_K // G, G // 2], tl.float32)
-    else:
-        acc = tl.zeros([BN, BLOCK_K], tl.float32)
-        acc_up = tl.zeros([BN, BLOCK_K], tl.float32)
-        sq = tl.zeros([BLOCK_K], tl.float32)
+    acc, acc_up, sq = accumulators(BN, BLOCK_K, QUANT, G)
     for k0 in range(0, K, BLOCK_K):
         w_next, ws_next, wz_next = weight_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0 + BLOCK_K, K, BLOCK_K, QUANT, G)
         u_next, us_next, uz_next = w_next, ws_next, wz_next
