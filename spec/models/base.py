@@ -59,6 +59,11 @@ class Model(Protocol):
     def prepare(self, tokens: int, context: int) -> None: ...
 
 
+def parameter_bytes(model) -> int:
+    """Bytes of a torch module's parameters, tied ones once: what a decode step reads of an unquantized model."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from spec.models import kernels
-from spec.models.base import ModelError
+from spec.models.base import ModelError, parameter_bytes
 from spec.models.quant import pack_for_kernels, quant_error
 
 MAX_GRAPH_TOKENS = 64  # forwards up to this many tokens are graphed; drafting and verifying stay far below
@@ -437,14 +437,14 @@ class GraphModel:
     def weight_bytes(self) -> int:
         """Bytes one decode step must read: every parameter once (tied embeddings counted once); with int8 / int4
         weights, the packed matrices and head in place of theirs (the model's own copies stay, unread)."""
-        params = {p.data_ptr(): p.numel() * p.element_size() for p in self.model.parameters()}
+        total = parameter_bytes(self.model)
         if self.quant == "none":
-            return sum(params.values())
-        replaced = [self.model.lm_head.weight] + [w for _, (w_qkv, _), o, _, (w_gu, _), _, d in self.layers
-                                                  for w in (w_qkv, o.weight, w_gu, d.weight)]
-        tied = self.model.lm_head.weight.data_ptr() == self.model.model.embed_tokens.weight.data_ptr()
+            return total
+        # The fused matrices are the projections' own parameters, sliced; a tied head is still the embedding.
+        replaced = [w for _, (w_qkv, _), o, _, (w_gu, _), _, d in self.layers
+                    for w in (w_qkv, o.weight, w_gu, d.weight)]
+        head = self.model.lm_head.weight
+        if head.data_ptr() != self.model.model.embed_tokens.weight.data_ptr():
+            replaced.append(head)
         packed = sum(w.nbytes() for layer in self.step_weights for w in layer) + self.head_weight.nbytes()
-        # The fused matrices' slices are the projections' own parameters; a tied head is still the embedding.
-        fused = sum(w.numel() * w.element_size() for w in replaced[1:])
-        head = 0 if tied else replaced[0].numel() * replaced[0].element_size()
-        return sum(params.values()) - fused - head + packed
+        return total - sum(w.numel() * w.element_size() for w in replaced) + packed

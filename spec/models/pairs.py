@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from spec import log
-from spec.models.base import Model, ModelError, dtype_name, pick_device, pick_dtype
+from spec.models.base import Model, ModelError, dtype_name, parameter_bytes, pick_device, pick_dtype
 from spec.models.eager import EagerModel
 from spec.models.graph import GraphModel, unsupported_reason
 from spec.models.hub import from_gguf_file, from_hub, from_pretrained, hub_cached
@@ -104,25 +104,24 @@ def make_model(model, vocab: int | None, backend: str, name: str, max_length: in
     `quant` (int8 / int4, spec/models/quant.py): the eager backend replaces the model's Linear layers in place,
     the graph backend packs its fused matrices for its kernels; either way the wrapper's `quantized` says what was
     done (None for none). `what` names the flag in errors (default: `name`)."""
-    what = what or name
     if backend not in BACKENDS:
         raise ModelError(f"unknown backend {backend!r}; choose {', '.join(BACKENDS)}")
-    reason = "--backend eager" if backend == "eager" else unsupported_reason(model)
-    if reason is None and model.device.type != "cuda":
-        reason = f"it needs a CUDA device (the model is on {model.device})"
-    if reason is None:
-        wrapped = GraphModel(model, vocab, name=name, max_length=max_length, compile=compile, pdl=pdl, quant=quant)
-        wrapped.quantized = None if quant == "none" else {
-            "scheme": quant, "seconds": wrapped.quant_seconds, "cache": "packed on the GPU for the fused kernels"}
-        return wrapped
-    if backend == "graph":
-        raise ModelError(f"{name}: --backend graph cannot run: {reason}")
-    if backend == "auto":
+    if backend != "eager":
+        reason = unsupported_reason(model)
+        if reason is None and model.device.type != "cuda":
+            reason = f"it needs a CUDA device (the model is on {model.device})"
+        if reason is None:
+            graph = GraphModel(model, vocab, name=name, max_length=max_length, compile=compile, pdl=pdl, quant=quant)
+            graph.quantized = None if quant == "none" else {
+                "scheme": quant, "seconds": graph.quant_seconds, "cache": "packed on the GPU for the fused kernels"}
+            return graph
+        if backend == "graph":
+            raise ModelError(f"{name}: --backend graph cannot run: {reason}")
         log.info(f"{name}: backend auto -> eager, because {reason}")
-    done = quantize_model(model, quant, what) if quant != "none" else None
-    wrapped = EagerModel(model, vocab, name=name)
-    wrapped.quantized = done
-    return wrapped
+    done = quantize_model(model, quant, what or name) if quant != "none" else None
+    eager = EagerModel(model, vocab, name=name)
+    eager.quantized = done
+    return eager
 
 
 def describe_quantized(name: str, model: Model, before: int) -> str:
@@ -228,7 +227,7 @@ def load_pair(
                              allow_other_family)
         same_family = t.tokenizer is d.tokenizer or t.tokenizer.get_vocab() == d.tokenizer.get_vocab()
         draft_vocab = vocab if same_family else min(len(d.tokenizer), d_rows)
-        before = model_bytes(d.model)
+        before = parameter_bytes(d.model)
         draft_model = make_model(d.model, draft_vocab, backend, name="draft", quant=draft_quant,
                                  what="--draft-quant")
         if draft_model.quantized:
@@ -259,7 +258,7 @@ def quantize_target(model, tokenizer, vocab: int, scheme: str, prompts: list | N
         plain = EagerModel(model, vocab, name="target")
         log.info(f"target {dtype} reference for --target-quant {scheme}: {len(prompts)} prompts x {tokens} tokens")
         reference = reference_run(plain, [chat_ids(tokenizer, p) for p in prompts], tokens, eos_ids(model, tokenizer))
-    before = model_bytes(model)
+    before = parameter_bytes(model)
     target = make_model(model, vocab, backend, name="target", quant=scheme, what="--target-quant")
     done = target.quantized
     seconds["target_quant"] = done["seconds"]
@@ -272,7 +271,3 @@ def quantize_target(model, tokenizer, vocab: int, scheme: str, prompts: list | N
     log.info(f"target {describe(report, dtype)}")
     return target, report
 
-
-def model_bytes(model) -> int:
-    """Bytes of a transformers model's parameters (tied ones once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())

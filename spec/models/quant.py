@@ -253,10 +253,10 @@ SAMPLE_BYTES = 4096  # of each weight's start and end, hashed beside a known sou
 
 def weights_digest(linears: list[tuple[str, torch.nn.Linear]], source: str | None = None) -> str:
     """SHA-256 naming the weights the layers would be packed from (names, shapes, dtypes, in order). Without a
-    `source`, of every byte: the weights' identity whatever loaded them, about 0.7 s for the 0.5B's 0.99 GB of bf16
-    on this project's CPU, at every load. With one (`model.weights_source`, set by a loader that verified what it
-    read, e.g. the packaged GGUF's SHA-256 and dtype), of the source's name and SAMPLE_BYTES at each end of every
-    weight: milliseconds, and still a different key for weights changed in place at either end."""
+    `source`, of every byte: the weights' identity whatever loaded them, 2.6 s for the 0.5B's 1.26 GB of bf16 on
+    this project's 2-core CPU (one timing, idle machine), at every load. With one (`model.weights_source`, set by
+    a loader that verified what it read, e.g. the packaged GGUF's SHA-256 and dtype), of the source's name and
+    SAMPLE_BYTES at each end of every weight: 5 ms there, and still another key for weights changed at either end."""
     digest = hashlib.sha256()
     if source is not None:
         digest.update(f"source {source};".encode())

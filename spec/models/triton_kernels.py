@@ -176,12 +176,6 @@ def accumulators(ROWS: tl.constexpr, BLOCK_K: tl.constexpr, QUANT: tl.constexpr,
 
 
 @triton.jit
-def weights(w, s, z, QUANT: tl.constexpr):
-    """A stored model-dtype or int8 tile as fp32 weights [rows, BLOCK_K] (int8 still without its row scales)."""
-    return w.to(tl.float32)
-
-
-@triton.jit
 def row_scales(s_ptr, rows, rm, QUANT: tl.constexpr):
     """int8's per-row scales (fp32 [rows]); exactly 1 otherwise (nothing is read)."""
     return tl.load(s_ptr + rows, mask=rm & (QUANT == 1), other=1.0).to(tl.float32)
@@ -274,8 +268,8 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
             x = tl.load(h_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
             sq += x * x
             x = x * tl.load(nw_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
-            acc_a += weights(wa, sa_, za, QUANT) * x[None, :]
-            acc_b += weights(wb, sb_, zb, QUANT) * x[None, :]
+            acc_a += wa.to(tl.float32) * x[None, :]
+            acc_b += wb.to(tl.float32) * x[None, :]
         wa, sa_, za = wa_next, sa_next, za_next
         wb, sb_, zb = wb_next, sb_next, zb_next
     if QUANT == 2:
@@ -332,9 +326,9 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
             if NORM:
                 sq += x * x
                 x = x * tl.load(nw_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
-            acc += weights(w, ws, wz, QUANT) * x[None, :]
+            acc += w.to(tl.float32) * x[None, :]
             if EPILOGUE == 1:
-                acc_up += weights(u, us, uz, QUANT) * x[None, :]
+                acc_up += u.to(tl.float32) * x[None, :]
         w, ws, wz = w_next, ws_next, wz_next
         u, us, uz = u_next, us_next, uz_next
     if QUANT == 2:
