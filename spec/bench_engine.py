@@ -202,6 +202,12 @@ def build_backends(pair, backends: list[str], max_length: int, pdl: bool,
     return {b: models[b] for b in backends}
 
 
+def embedding_bytes(model) -> dict:
+    """The input embedding's bytes, and whether the output head is that same tensor (tied)."""
+    table, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    return {"bytes": table.numel() * table.element_size(), "tied": table.data_ptr() == head.data_ptr()}
+
+
 def measure_speed(pair, models: dict, args, prompt: list[int], data: dict, results: Results) -> None:
     """Forward costs per backend and model, decode tok/s plain and speculative, round overhead, roofline, bars."""
     vocab = pair.target.vocab
@@ -212,6 +218,9 @@ def measure_speed(pair, models: dict, args, prompt: list[int], data: dict, resul
         weights.update({role: m.weight_bytes() for role, m in pair_models.items() if role.startswith(QUANT_ROLE)})
     data.update(bandwidth_gb_s=bw / 1e9, weight_bytes=weights, roofline_tok_s=bw / weights["target"],
                 roofline_ms={role: b / bw * 1e3 for role, b in weights.items()})
+    # weight_bytes counts every parameter once, the embedding table whole; a step reads one row of it unless it is
+    # also the (unquantized) head. spec.spark takes these out to project steps from the bytes a step reads.
+    data["embedding"] = {role: embedding_bytes(getattr(pair, role).model) for role in ("target", "draft")}
     data["steps_ms"] = {}
     with log.bar(total=len(models) * 2 * len(args.ns), desc="ms per forward") as bar:
         for backend, pair_models in models.items():
