@@ -61,7 +61,7 @@ def add_tree_arg(group) -> None:
                        help=TREE_HELP)
 
 
-TREE_HELP = ("a token tree instead of a chain (eager backend; docs/trees.md). B1,B2,...: a static shape, the "
+TREE_HELP = ("a token tree instead of a chain (docs/trees.md). B1,B2,...: a static shape, the "
              "branching per depth, e.g. 3,2,1 (3 children of the root, 2 of each, 1 of each: 15 nodes, 3 deep; at "
              "most K deep and 64 nodes); with prompt lookup its first number is the number of earlier matches "
              "offered as branches. dynamic:N[:W]: EAGLE-2's dynamic tree, the N nodes of highest draft path "
@@ -91,15 +91,6 @@ def resolve_tree(parser: argparse.ArgumentParser, args: argparse.Namespace, meth
         parser.error("--tree needs a fixed --k (the tree is at most K deep); --tree auto chooses trees by itself")
 
 
-def check_tree(args: argparse.Namespace, pair: Pair) -> None:
-    """Token trees (and the tree policy) need the eager backend."""
-    policy = isinstance(getattr(args, "k", None), functools.partial) and args.k.func is TreePolicy
-    if getattr(args, "tree", None) is None and not policy:
-        return
-    if pair.target.__class__.__name__ == "GraphModel":
-        sys.exit("error: token trees run on the eager backend for now: add --backend eager")
-
-
 REPORT_PROMPTS, REPORT_LIMIT, REPORT_TOKENS = "short", 3, 32  # --target-quant's report where a task has no set
 
 
@@ -124,5 +115,4 @@ def load_from_args(args: argparse.Namespace, with_draft: bool = True, report_pro
         )
     except ModelError as err:
         sys.exit(f"error: {err}")
-    check_tree(args, pair)
     return pair

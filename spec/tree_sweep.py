@@ -101,8 +101,6 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     prompts = load_prompts(args.prompts)[: args.limit or None]
     pair = load_from_args(args)
-    if pair.target.__class__.__name__ == "GraphModel":
-        raise SystemExit("error: token trees run on the eager backend for now: add --backend eager")
     results = Results("tree_sweep")
     n = args.max_new_tokens
 

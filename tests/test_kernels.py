@@ -257,6 +257,56 @@ def test_quantized_fused_kernels_in_tritons_interpreter():
     run_interpreted(INTERPRETED_QUANT_WALK)
 
 
+INTERPRETED_TREE_WALK = """
+import sys, torch
+sys.path.insert(0, "tests")
+from spec import tree
+from spec.models.graph import GraphModel, SPAN_STEP
+from test_graph_trees import shape_parents
+from test_kernels import small_model
+# fp32: the fused kernels' tree mask and tree positions against the layer stack's (SDPA with the same mask), on
+# trees fed whole (6 and 15 nodes: one fused forward; 40: the layer stack over the split-KV kernel), grown depth by
+# depth over cached siblings (a 1-node frontier runs the one-token kernels), and after `keep` compacted a path;
+# bound as the unquantized walk's, 6e-4
+for arch in ("llama", "qwen2"):
+    model = small_model(arch, torch.float32, "cpu")
+    stack = GraphModel(model, max_length=2 * SPAN_STEP, graphs=False, split_attention=False, fused_step=False)
+    fused = GraphModel(model, max_length=2 * SPAN_STEP, graphs=False, split_attention=True, fused_step=True,
+                       fused_tokens=16)
+    gen = torch.Generator().manual_seed(5)
+    text = torch.randint(0, 300, (37,), generator=gen).tolist()
+    error = 0.0
+    for shape in ((2, 2, 1), (3, 2, 1), (4, 3, 2)):
+        parents = shape_parents(shape)
+        nodes = torch.randint(0, 300, (len(parents),), generator=gen).tolist()
+        outs = []
+        for m in (stack, fused):
+            m.reset()
+            m.forward(text, keep=1)
+            whole = m.forward(nodes, tree=tree.layout(parents, 0, len(nodes), len(text)))
+            m.rollback(len(text))
+            width = shape[0]
+            grown = [m.forward(nodes[:width], tree=tree.layout(parents, 0, width, len(text)))]
+            for node in range(width, len(nodes)):  # one node at a time over its cached siblings
+                grown.append(m.forward(nodes[node:node + 1], tree=tree.layout(parents, node, 1, len(text))))
+            path = [1, shape[0] + shape[1]] if len(shape) > 1 else [0]
+            m.keep(len(text), [len(text) + i for i in path])
+            after = m.forward([7, 8, 9])
+            outs.append(torch.cat([whole, torch.cat(grown), after]))
+        error = max(error, (outs[0] - outs[1]).abs().max().item())
+    assert error < 6e-4, (arch, error)
+print("ok")
+"""
+
+
+def test_fused_kernels_with_token_trees_in_tritons_interpreter():
+    """The fused kernels' token-tree path (the split-KV attention's 64-bit ancestor masks, the rotary rows of the
+    tree positions, the one-token step over a tree's slot) against the layer stack with the same trees, in Triton's
+    interpreter (fp32): whole trees of 6, 15 and 40 nodes, trees grown one node at a time over cached siblings, and
+    the cache after `keep`. Runs wherever Triton is installed, not in CI."""
+    run_interpreted(INTERPRETED_TREE_WALK)
+
+
 @cuda
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("scheme", ["int8", "int4"])

@@ -143,15 +143,24 @@ class GraphModel:
                 gate_up = _fuse([m.gate_proj, m.up_proj])
                 self.layers.append((layer.input_layernorm, qkv, a.o_proj, layer.post_attention_layernorm, gate_up,
                                     m.act_fn, m.down_proj))
-            shape = (self.kv_heads, capacity, self.head_dim)
-            self.k_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.layers]
-            self.v_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.layers]
+            # One tensor for every layer's keys (and one for values), seen layer by layer: compacting a token tree's
+            # accepted path (`keep`) is then one gather and one copy each, not two a layer.
+            shape = (len(self.layers), self.kv_heads, capacity, self.head_dim)
+            self.k_all = torch.zeros(shape, dtype=dtype, device=self.device)
+            self.v_all = torch.zeros(shape, dtype=dtype, device=self.device)
+            self.k_cache, self.v_cache = list(self.k_all.unbind(0)), list(self.v_all.unbind(0))
             # The model's own rotary module gives the cos/sin rows for every position; its values are elementwise
             # in the position, so a table is bit-identical to computing them per step.
             positions = torch.arange(capacity, device=self.device)[None]
             cos, sin = model.model.rotary_emb(torch.zeros((), dtype=dtype, device=self.device), positions)
             self.cos, self.sin = cos[0], sin[0]  # [capacity, head_dim]
             self.pos = torch.zeros((), dtype=torch.long, device=self.device)  # the write position, on the device
+            # A token tree's forward (see `forward`): the kernels read a token's rotary row at its cache slot, so a
+            # tree's tokens get tables whose slot rows hold their depths' rows; `tree` = [base, 64-bit ancestor
+            # mask per token] (kernels.tree_visible) and `tree_positions` [n], filled before each tree forward.
+            self.cos_tree, self.sin_tree = self.cos.clone(), self.sin.clone()
+            self.tree = torch.zeros(1 + MAX_GRAPH_TOKENS, dtype=torch.long, device=self.device)
+            self.tree_positions = torch.zeros(MAX_GRAPH_TOKENS, dtype=torch.long, device=self.device)
         # span -> a tensor of that length: attention reads cache positions < span, and a tensor's size (not an int)
         # lets torch.compile treat the span as a dynamic size.
         self.spans: dict[int, torch.Tensor] = {}
@@ -211,20 +220,23 @@ class GraphModel:
         # Forwards captured as CUDA graphs: up to MAX_GRAPH_TOKENS tokens, except that an uncompiled stack beside the
         # fused kernels runs only prefills, whose lengths vary from prompt to prompt: a graph each would not pay.
         self.graph_tokens = self.fused_tokens if self.fused_tokens and not compile else MAX_GRAPH_TOKENS
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.prepared = 0  # forwards of up to this many tokens were captured by `prepare` (0: capture on demand)
 
     # ---- the layer stack -----------------------------------------------------------------------------------
 
-    def _body(self, ids: torch.Tensor, pos: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
-        """Run `ids` [n] at positions pos..pos+n-1, writing their K/V into the cache; return the final-normed
-        hidden states [n, hidden]. Attention reads cache positions < B = len(span) (B >= pos + n)."""
+    def _body(self, ids: torch.Tensor, pos: torch.Tensor, span: torch.Tensor, tree: bool = False) -> torch.Tensor:
+        """Run `ids` [n] in cache slots pos..pos+n-1 (at those positions, or with `tree` at `tree_positions` under
+        the `tree` mask), writing their K/V into the cache; return the final-normed hidden states [n, hidden].
+        Attention reads cache positions < B = len(span) (B >= pos + n)."""
         n = ids.shape[0]
         b = span.shape[0]
         groups = self.heads // self.kv_heads
-        q_pos = pos + torch.arange(n, device=ids.device)  # [n]
-        cos, sin = self.cos[q_pos][:, None], self.sin[q_pos][:, None]  # [n, 1, D]
+        q_pos = pos + torch.arange(n, device=ids.device)  # [n]: the cache slots
+        rope = self.tree_positions[:n] if tree else q_pos
+        mask = self.tree[: n + 1] if tree else None
+        cos, sin = self.cos[rope][:, None], self.sin[rope][:, None]  # [n, 1, D]
         # Query heads that share a K/V head are folded into extra query rows ([kv, groups * n, D]), so attention
         # reads each cached K/V once instead of repeating it per query head. Row g*n + i is token i.
         h = self.model.model.embed_tokens(ids)  # [n, hidden]
@@ -242,9 +254,10 @@ class GraphModel:
             q = q.view(n, self.kv_heads, groups, self.head_dim).permute(1, 2, 0, 3).reshape(
                 self.kv_heads, groups * n, self.head_dim)
             if self.split_attention:
-                out = kernels.decode_attention(q, self.k_cache[i], self.v_cache[i], pos, b, n, self.scaling, self.pdl)
+                out = kernels.decode_attention(q, self.k_cache[i], self.v_cache[i], pos, b, n, self.scaling, self.pdl,
+                                               mask)
             else:
-                out = kernels.masked_sdpa(q, self.k_cache[i], self.v_cache[i], pos, b, n, self.scaling)
+                out = kernels.masked_sdpa(q, self.k_cache[i], self.v_cache[i], pos, b, n, self.scaling, mask)
             # out: [kv, groups*n, D]
             out = out.view(self.kv_heads, groups, n, self.head_dim).permute(2, 0, 1, 3).reshape(n, -1)
             h = h + o_proj(out)
@@ -253,12 +266,18 @@ class GraphModel:
             h = h + down(act(gate) * up)
         return self.model.model.norm(h)
 
-    def _step(self, ids: torch.Tensor, span: int) -> torch.Tensor:
+    def _step(self, ids: torch.Tensor, span: int, tree: bool = False) -> torch.Tensor:
         """The fused forward of n <= kernels.MAX_FUSED_TOKENS tokens (spec/kernels.py): ids [n] -> fp32 logits
         [n, vocab]. Same caches and the same rounding of every intermediate as `_body` + `_head`, except each
         product's RMSNorm input (its scale is applied after the sum); the order of summation inside the products
-        differs."""
+        differs. With `tree`, the tokens sit at `tree_positions` under the `tree` mask."""
         n = ids.shape[0]
+        cos, sin, mask = self.cos, self.sin, None
+        if tree:  # the slots' rows of the rotary tables become the tree positions' rows
+            slots = self.pos + torch.arange(n, device=ids.device)
+            self.cos_tree.index_copy_(0, slots, self.cos[self.tree_positions[:n]])
+            self.sin_tree.index_copy_(0, slots, self.sin[self.tree_positions[:n]])
+            cos, sin, mask = self.cos_tree, self.sin_tree, self.tree[: n + 1]
         h = self.model.model.embed_tokens(ids)  # the residual stream [n, hidden], updated in place
         q = torch.empty((self.heads, n, self.head_dim), dtype=h.dtype, device=h.device)  # head-major
         act = torch.empty((n, self.intermediate), dtype=h.dtype, device=h.device)
@@ -268,10 +287,10 @@ class GraphModel:
         q_rows = q.view(self.kv_heads, self.heads // self.kv_heads * n, self.head_dim)
         for i, ((norm1, (_, b_qkv), _, norm2, _, _, _), (w_qkv, w_o, w_gu, w_down)) in enumerate(
                 zip(self.layers, self.step_weights, strict=True)):
-            kernels.qkv_rope(h, norm1.weight, norm1.variance_epsilon, w_qkv, b_qkv, self.cos, self.sin, self.pos, q,
+            kernels.qkv_rope(h, norm1.weight, norm1.variance_epsilon, w_qkv, b_qkv, cos, sin, self.pos, q,
                              self.k_cache[i], self.v_cache[i], self.heads, self.kv_heads, pdl=self.pdl)
             out = kernels.decode_attention(q_rows, self.k_cache[i], self.v_cache[i], self.pos, span, n, self.scaling,
-                                           self.pdl)
+                                           self.pdl, mask)
             kernels.gemv(out, w_o, h, kernels.ADD, head_major=self.head_dim, pdl=self.pdl)
             kernels.gemv(h, w_gu, act, kernels.SILU_MUL, norm2.weight, norm2.variance_epsilon, pdl=self.pdl)
             kernels.gemv(act, w_down, h, kernels.ADD, pdl=self.pdl)
@@ -279,14 +298,15 @@ class GraphModel:
         kernels.gemv(h, head, logits, kernels.LOGITS, norm.weight, norm.variance_epsilon, pdl=self.pdl)
         return logits[:, : self.vocab]
 
-    def _logits(self, ids: torch.Tensor, span: torch.Tensor, keep: int | None = None) -> torch.Tensor:
+    def _logits(self, ids: torch.Tensor, span: torch.Tensor, keep: int | None = None, tree: bool = False
+                ) -> torch.Tensor:
         """fp32 logits of the last `keep` (default all) positions of `ids`: the fused kernels for up to
         `fused_tokens` tokens, else the layer stack (whose head then runs on those positions only)."""
         n = ids.shape[0]
         first = n - (keep or n)
         if n <= self.fused_tokens:
-            return self._step(ids, span.shape[0])[first:]
-        return self._head(self._run_body(ids, span)[first:])
+            return self._step(ids, span.shape[0], tree)[first:]
+        return self._head(self._run_body(ids, span, tree)[first:])
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> fp32 logits [n, vocab], rounded like the eager backend (head in the model's dtype)."""
@@ -300,9 +320,9 @@ class GraphModel:
                 torch._dynamo.maybe_mark_dynamic(self.spans[span], 0)  # a kernel may still need it fixed
         return self.spans[span]
 
-    def _run_body(self, ids: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
+    def _run_body(self, ids: torch.Tensor, span: torch.Tensor, tree: bool = False) -> torch.Tensor:
         if not self.compiled:
-            return self.body(ids, self.pos, span)
+            return self.body(ids, self.pos, span, tree)
         if ids.shape[0] > 1:
             # One compilation for the n >= 2 (n = 1, a draft step, gets its own, specialised one). Not
             # `mark_dynamic(min=2, max=capacity)`: a range is a promise, and the compiled fp32 stack of the real
@@ -312,23 +332,27 @@ class GraphModel:
         # entries to `_body`'s cache, past dynamo's default limit of 8 after four models. The raised limit holds
         # only while this model compiles.
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-            return self.body(ids, self.pos, span)
+            return self.body(ids, self.pos, span, tree)
 
-    def _graph(self, n: int, span: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+    def _graph(self, n: int, span: torch.Tensor, tree: bool = False
+               ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         """The graph for n tokens over `span`, captured on first use (after warm-up runs on a side stream, which
-        write the same cache positions the real replay is about to write, so they change nothing)."""
-        key = (n, span.shape[0])
+        write the same cache positions the real replay is about to write, so they change nothing). One run is enough
+        for the fused kernels: it compiles or loads each kernel and allocates what they allocate on first use, and a
+        second only cost warm-start time (captures are Python-bound: 25,392 launches in the Qwen pair's prepare). A
+        compiled layer stack gets two, so that no guard re-checked on a second call can recompile during capture."""
+        key = (n, span.shape[0], tree)
         if key not in self._graphs:
             ids = torch.zeros(n, dtype=torch.long, device=self.device)
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._logits(ids, span)
+                for _ in range(2 if self.compiled else 1):
+                    self._logits(ids, span, tree=tree)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                logits = self._logits(ids, span)
+                logits = self._logits(ids, span, tree=tree)
             self._graphs[key] = (graph, ids, logits)
         return self._graphs[key]
 
@@ -336,10 +360,10 @@ class GraphModel:
 
     @torch.no_grad()
     def forward(self, ids: Sequence[int] | torch.Tensor, keep: int | None = None, tree=None) -> torch.Tensor:
-        """Append `ids` [n] to the cached text; fp32 logits of the last `keep` (default all n) positions."""
-        if tree is not None:
-            raise ModelError(f"{self.name}: token trees run on the eager backend for now (--backend eager); the "
-                             "graph backend verifies chains")
+        """Append `ids` [n] to the cached text; fp32 logits of the last `keep` (default all n) positions. `tree`: a
+        token tree's layout (spec/tree.py's Layout: RoPE positions [n], visible slots [n, length + n]); the tokens
+        still fill slots length..length+n-1, and every slot they may not see must lie in the last 64 (a tree of up
+        to 64 nodes, with what precedes them visible to all)."""
         if not isinstance(ids, torch.Tensor):
             # non_blocking from pageable memory is staged at once and never waits for the device.
             ids = torch.tensor(list(ids), dtype=torch.long).to(self.device, non_blocking=True)
@@ -353,6 +377,8 @@ class GraphModel:
                              f"{self.max_length} (pass a larger max_length)")
         span = self._span(self.length + n)
         self.pos.fill_(self.length)
+        if tree is not None:
+            return self._tree_forward(ids, keep, tree, span)
         # After `prepare`, only the forwards it captured replay graphs: a prompt's length would cost a capture.
         if self.graphs and n <= (self.prepared or self.graph_tokens):
             graph, static_ids, logits = self._graph(n, span)
@@ -363,6 +389,53 @@ class GraphModel:
             return self._prefill(ids, keep)
         else:
             out = self._logits(ids, span, keep)
+        self.length += n
+        return out
+
+    def _tree_forward(self, ids: torch.Tensor, keep: int, layout, span: torch.Tensor) -> torch.Tensor:
+        """A token tree's forward: its mask packed into `self.tree` (a bit per slot of the last 64), its positions
+        into `self.tree_positions`, then a graph per node count (captured on first use) for up to `fused_tokens`
+        nodes, or chunks of them through the fused kernels (the mask is over slots, so a later chunk sees the
+        earlier chunks' nodes it descends from), or the layer stack."""
+        n = ids.shape[0]
+        end = self.length + n
+        if tuple(layout.visible.shape) != (n, end) or layout.positions.shape[0] != n:
+            raise ModelError(f"{self.name}: a tree layout of {tuple(layout.visible.shape)} does not fit {n} tokens "
+                             f"after {self.length} cached ones")
+        if n > MAX_GRAPH_TOKENS:
+            raise ModelError(f"{self.name}: a tree forward takes at most {MAX_GRAPH_TOKENS} nodes, got {n}")
+        base = max(0, end - 64)
+        visible = layout.visible.to(self.device)
+        bits = (visible[:, base:].long() << torch.arange(end - base, device=self.device)).sum(1)  # distinct bits
+        if base and not bool(visible[:, :base].all()):  # (a sync, but only where a tree outgrows the window)
+            raise ModelError(f"{self.name}: a tree's hidden slots must lie in the last 64 of the text")
+        self.tree[0] = base
+        self.tree[1 : n + 1].copy_(bits)
+        self.tree_positions[:n].copy_(layout.positions.to(self.device))
+        chunk = self.fused_tokens
+        if self.graphs and chunk and n > chunk:  # nodes beyond one fused forward: chunk by chunk, same mask
+            out, first = [], n - keep
+            for start in range(0, n, chunk):
+                part = ids[start : start + chunk]
+                m = part.shape[0]
+                self.pos.fill_(self.length)
+                if start:  # the chunk's tokens' masks and positions to the front of the buffers
+                    self.tree[1 : m + 1].copy_(bits[start : start + m])
+                    self.tree_positions[:m].copy_(layout.positions[start : start + m].to(self.device))
+                graph, static_ids, logits = self._graph(m, self._span(self.length + m), tree=True)
+                static_ids.copy_(part)
+                graph.replay()
+                if start + m > first:
+                    out.append(logits[max(0, first - start) :].clone())
+                self.length += m
+            return torch.cat(out)
+        if self.graphs and n <= self.graph_tokens:
+            graph, static_ids, logits = self._graph(n, span, tree=True)
+            static_ids.copy_(ids)
+            graph.replay()
+            out = logits[n - keep :].clone()
+        else:
+            out = self._logits(ids, span, keep, tree=True)
         self.length += n
         return out
 
@@ -426,9 +499,16 @@ class GraphModel:
         self.length = length
 
     def keep(self, start: int, slots: Sequence[int] = ()) -> None:
-        """Keep the first `start` positions and then `slots`; only a contiguous run (a chain's path) here."""
-        if list(slots) != list(range(start, start + len(slots))):
-            raise ModelError(f"{self.name}: the graph backend keeps only a chain's path (no token trees yet)")
+        """Keep the first `start` cached positions and then those at `slots` (a token tree's accepted path, in
+        order): their keys and values move to start, start + 1, ..; the rest is forgotten. A chain's path is a
+        plain rollback."""
+        slots = list(slots)
+        if slots != list(range(start, start + len(slots))):
+            if start + len(slots) > self.length or any(not start <= s < self.length for s in slots):
+                raise ValueError(f"cannot keep slots {slots} after {start} of {self.length} cached positions")
+            index = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
+            for cache in (self.k_all, self.v_all):  # gathered first, so a slot moved onto is read before written
+                cache[:, :, start : start + len(slots)] = cache[:, :, index]
         self.rollback(start + len(slots))
 
     def reset(self) -> None:

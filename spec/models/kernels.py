@@ -66,12 +66,28 @@ def _chunk(span: int) -> int:
     return min(128, max(32, _pow2(span // 32)))
 
 
-def masked_sdpa(q, k_cache, v_cache, pos, span: int, n_tokens: int, scale: float) -> torch.Tensor:
-    """The same attention by PyTorch's SDPA, same arguments and causal rule: for fp32 and CPUs, and for prefills,
-    whose rows one program cannot hold."""
+def tree_visible(tree: torch.Tensor, rows_n: int, n_tokens: int, span: int) -> torch.Tensor:
+    """[rows, span] bool from a tree mask `tree` = [base, bits of token 0, .., bits of token n-1] (int64): row r
+    (token r % n_tokens) sees every slot before base and the slots base + j whose bit j is set, j < 64."""
+    keys = torch.arange(span, device=tree.device)
+    rel = keys - tree[0]
+    window = (rel >= 0) & (rel < 64)
+    bits = tree[1:][torch.arange(rows_n, device=tree.device) % n_tokens]  # [rows]
+    marked = ((bits[:, None] >> rel.clamp(0, 63)[None, :]) & 1) != 0
+    return (rel < 0)[None, :] | (window[None, :] & marked)
+
+
+def masked_sdpa(q, k_cache, v_cache, pos, span: int, n_tokens: int, scale: float,
+                tree: torch.Tensor | None = None) -> torch.Tensor:
+    """The same attention by PyTorch's SDPA, same arguments and masks (causal, or a token tree's): for fp32 and
+    CPUs, and for prefills, whose rows one program cannot hold."""
     rows_n = q.shape[1]
     seen = pos + torch.arange(rows_n, device=q.device) % n_tokens
-    allowed = torch.arange(span, device=q.device)[None, :] <= seen[:, None]
+    allowed = torch.arange(span, device=q.device)[None, :] <= (pos + n_tokens - 1)
+    if tree is None:
+        allowed = allowed & (torch.arange(span, device=q.device)[None, :] <= seen[:, None])
+    else:
+        allowed = allowed & tree_visible(tree, rows_n, n_tokens, span)
     return torch.nn.functional.scaled_dot_product_attention(
         q[None], k_cache[None, :, :span], v_cache[None, :, :span], attn_mask=allowed[None, None], scale=scale)[0]
 
@@ -146,12 +162,14 @@ def _arrivals(device: torch.device, heads: int) -> torch.Tensor:
 
 @torch.library.custom_op("spark_spec::decode_attention", mutates_args=())
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, span: int,
-                     n_tokens: int, scale: float, pdl: bool = False) -> torch.Tensor:
-    """Attention of q [kv_heads, rows, D] (row r is token r % n_tokens, at position pos + r % n_tokens) over the
-    first `span` positions of the caches [kv_heads, capacity, D]; returns [kv_heads, rows, D] in q's dtype."""
+                     n_tokens: int, scale: float, pdl: bool = False, tree: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of q [kv_heads, rows, D] (row r is token r % n_tokens, in cache slot pos + r % n_tokens) over the
+    first `span` positions of the caches [kv_heads, capacity, D]; returns [kv_heads, rows, D] in q's dtype. Causal,
+    or with `tree` ([base, a 64-bit mask per token], int64; `tree_visible`) each token sees the slots before base
+    and, from base on, its marked ancestors and itself."""
     heads, rows_n, dim = q.shape
     if rows_n > MAX_ROWS:
-        return masked_sdpa(q, k_cache, v_cache, pos, span, n_tokens, scale)
+        return masked_sdpa(q, k_cache, v_cache, pos, span, n_tokens, scale, tree)
     q = q.contiguous()
     rows = max(16, _pow2(rows_n))  # the tile's height: at least a tensor core's 16 rows
     chunk = _chunk(span)
@@ -165,9 +183,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     l = torch.empty_like(m)
     out = torch.empty_like(q)
     tk = _triton()
-    _run(tk.attention_partial, (heads, splits), q, k_cache, v_cache, pos, o, m, l, out, _arrivals(q.device, heads),
-         rows_n, n_tokens, scale, q.stride(0), k_cache.stride(0), splits, D=dim, ROWS=rows, CHUNK=chunk, SPLITS=width,
-         ONE_PASS=one_pass, PDL=pdl, PRECISION=_precision(q), num_warps=4, num_stages=2, launch_pdl=pdl)
+    _run(tk.attention_partial, (heads, splits), q, k_cache, v_cache, pos, pos if tree is None else tree, o, m, l, out,
+         _arrivals(q.device, heads), rows_n, n_tokens, scale, q.stride(0), k_cache.stride(0), splits, D=dim, ROWS=rows,
+         CHUNK=chunk, SPLITS=width, ONE_PASS=one_pass, PDL=pdl, PRECISION=_precision(q), TREE=tree is not None,
+         num_warps=4, num_stages=2, launch_pdl=pdl)
     if not one_pass:
         _run(tk.attention_combine, (heads, rows_n), o, m, l, out, rows_n, splits, D=dim, ROWS=rows, SPLITS=width,
              PDL=pdl, num_warps=4, launch_pdl=pdl)
@@ -175,7 +194,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 @decode_attention.register_fake
-def _(q, k_cache, v_cache, pos, span, n_tokens, scale, pdl=False):
+def _(q, k_cache, v_cache, pos, span, n_tokens, scale, pdl=False, tree=None):
     return torch.empty_like(q)
 
 

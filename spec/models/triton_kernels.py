@@ -8,10 +8,10 @@ import triton.language as tl
 
 
 @triton.jit
-def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, out_ptr, count_ptr, rows_n, n_tokens, scale,
-                      stride_qh, stride_kh, splits,
+def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_ptr, out_ptr, count_ptr, rows_n, n_tokens,
+                      scale, stride_qh, stride_kh, splits,
                       D: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
-                      ONE_PASS: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr):
+                      ONE_PASS: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr, TREE: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -28,7 +28,18 @@ def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, m_ptr, l_ptr, out_ptr
     k = tl.load(k_ptr + h * stride_kh + keys[:, None] * D + d[None, :], mask=key_ok[:, None], other=0.0)
     v = tl.load(v_ptr + h * stride_kh + keys[:, None] * D + d[None, :], mask=key_ok[:, None], other=0.0)
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [ROWS, CHUNK], fp32
-    allowed = (keys[None, :] <= seen[:, None]) & key_ok[None, :]
+    if TREE:
+        # A token tree: tree_ptr = [base, bits of token 0, ..]; a row sees every slot before `base` and, of the 64
+        # from `base` on, those whose bit is set in its token's mask (its ancestors and itself).
+        base = tl.load(tree_ptr)
+        bits = tl.load(tree_ptr + 1 + rows % n_tokens, mask=row_ok, other=0)  # [ROWS] int64
+        rel = keys - base  # [CHUNK]
+        window = (rel >= 0) & (rel < 64)
+        shift = tl.where(window, rel, 0).to(tl.int64)
+        marked = ((bits[:, None] >> shift[None, :]) & 1) != 0
+        allowed = ((rel < 0)[None, :] | (window[None, :] & marked)) & key_ok[None, :]
+    else:
+        allowed = (keys[None, :] <= seen[:, None]) & key_ok[None, :]
     scores = tl.where(allowed, scores, float("-inf"))
     m = tl.max(scores, 1)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
