@@ -8,11 +8,13 @@ Measures, on one cached context (default 512 tokens), batch 1:
   - the memory roofline: the target's weight bytes over a measured device-to-device copy bandwidth;
   - with `--draft-quants int8,int4`: the same draft with int8 / int4 weights in the graph backend's fused kernels
     (spec/models/quant.py): its step, c, bytes, and a speculative decode with it (the answers are the same);
+  - with `--tree-nodes 16,32,64`: the target's forward over a token tree of that many nodes against one step, and
+    the draft's forward over a frontier of 8 tree nodes (4 more cached) against one draft step (docs/trees.md);
   - with `--parts exactness`: greedy identity of plain / speculative decoding across backends, the first divergence,
     its top-2 logit gap, and the logit error between shapes (1-token step vs K+1 verify, graph vs eager).
 
     python -m spec.bench_engine --pair llama-random --device cuda
-    python -m spec.bench_engine --pair llama-random --device cuda --draft-quants int8,int4
+    python -m spec.bench_engine --pair llama-random --device cuda --draft-quants int8,int4 --tree-nodes 16,32,64
     python -m spec.bench_engine --pair llama-random --device cuda --dtype float32 --parts exactness
     python -m spec.bench_engine --pair tiny --device cpu --backends eager,static   (a smoke run without a GPU)
 
@@ -29,7 +31,7 @@ import sys
 import torch
 import transformers
 
-from spec import log, plots
+from spec import log, plots, tree
 from spec.cli import add_model_args, load_from_args
 from spec.drafters import ModelDrafter, NoDrafter
 from spec.harness import copy_bandwidth
@@ -61,6 +63,42 @@ def step_ms(model, context: torch.Tensor, n: int, reps: int, vocab: int) -> floa
             model.forward(ids)
             model.rollback(len(context))
         batches.append((sync_time(model.device) - start) / reps * 1e3)
+    return statistics.median(batches)
+
+
+def tree_ms(model, context: torch.Tensor, nodes: int, reps: int, vocab: int, cached: int = 0) -> float:
+    """As `step_ms`, for one forward of `nodes` tree nodes (a 4-ary tree, breadth-first) under the tree mask; with
+    `cached`, the tree's first `cached` nodes are in the cache already and the forward feeds the next `nodes` (a
+    drafter's frontier over the nodes it fed before)."""
+    parents = tuple((i - 1) // 4 if i >= 4 else -1 for i in range(cached + nodes))  # 4 roots, 4 children each
+    gen = torch.Generator().manual_seed(nodes)
+    ids = torch.randint(0, vocab, (cached + nodes,), generator=gen).to(model.device)
+    start = len(context)
+    before = tree.layout(parents, 0, cached, start, model.device) if cached else None
+    layout = tree.layout(parents, cached, nodes, start, model.device)
+    model.reset()
+    model.forward(context, keep=1)
+
+    def once():
+        if cached:
+            model.forward(ids[:cached], tree=before)
+        begin = sync_time(model.device) if cached else None
+        model.forward(ids[cached:], tree=layout)
+        end = sync_time(model.device) if cached else None
+        model.rollback(start)
+        return (end - begin) if cached else None
+
+    for _ in range(2):
+        once()
+    batches = []
+    for _ in range(3):
+        if cached:  # the cached part is not timed
+            batches.append(statistics.mean(once() for _ in range(reps)) * 1e3)
+            continue
+        begin = sync_time(model.device)
+        for _ in range(reps):
+            once()
+        batches.append((sync_time(model.device) - begin) / reps * 1e3)
     return statistics.median(batches)
 
 
@@ -158,8 +196,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--draft-quants", default="",
                    help="comma-separated int8, int4: also time the draft with these weights in each graph backend's "
                         "fused kernels, beside its own (default: none); keys draft_step_ms_<q>, c_graph_<q>")
+    g.add_argument("--tree-nodes", default="",
+                   help="comma-separated node counts, e.g. 16,32,64: also time the target's forward over a token tree "
+                        "of that many nodes (4-ary) and the draft's over a frontier of 8 tree nodes, in each graph "
+                        "backend; keys tree_verify_ratio_<n>_over_1_<b>, tree_draft_frontier_8_over_step_<b>")
     args = parser.parse_args(argv)
     args.draft_quants = [q for q in args.draft_quants.split(",") if q]
+    args.tree_nodes = [int(n) for n in args.tree_nodes.split(",") if n]
     if set(args.draft_quants) - {"int8", "int4"}:
         parser.error(f"--draft-quants takes int8 and int4, got {args.draft_quants}")
     try:
@@ -232,6 +275,17 @@ def measure_speed(pair, models: dict, args, prompt: list[int], data: dict, resul
                     results.add({"backend": backend, "role": role, "n": n, "ms": rows[str(n)]})
                     bar.update()
                 data["steps_ms"][backend][role] = rows
+    for backend, pair_models in models.items():
+        if not args.tree_nodes or not isinstance(pair_models["target"], GraphModel):
+            continue
+        steps = data["steps_ms"][backend]
+        trees = {"target": {str(n): tree_ms(pair_models["target"], context[:-1], n, args.reps, vocab)
+                            for n in args.tree_nodes},
+                 "draft_frontier_8": tree_ms(pair_models["draft"], context[:-1], 8, args.reps, vocab, cached=4)}
+        data.setdefault("tree_ms", {})[backend] = trees
+        for n, ms in trees["target"].items():
+            data[f"tree_verify_ratio_{n}_over_1_{backend}"] = ms / steps["target"]["1"]
+        data[f"tree_draft_frontier_8_over_step_{backend}"] = trees["draft_frontier_8"] / steps["draft"]["1"]
     for backend, pair_models in models.items():
         steps = data["steps_ms"][backend]
         data[f"c_{backend}"] = steps["draft"]["1"] / steps["target"]["1"]
