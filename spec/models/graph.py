@@ -407,8 +407,8 @@ class GraphModel:
         base = max(0, end - 64)
         visible = layout.visible.to(self.device)
         bits = (visible[:, base:].long() << torch.arange(end - base, device=self.device)).sum(1)  # distinct bits
-        if base and not bool(visible[:, :base].all()):  # (a sync, but only where a tree outgrows the window)
-            raise ModelError(f"{self.name}: a tree's hidden slots must lie in the last 64 of the text")
+        if base:  # slots before the window must be visible to every node: checked on the device, without a sync
+            torch._assert_async(visible[:, :base].all(), "a tree's hidden slots must lie in the last 64 of the text")
         self.tree[0] = base
         self.tree[1 : n + 1].copy_(bits)
         self.tree_positions[:n].copy_(layout.positions.to(self.device))
