@@ -49,11 +49,24 @@ def read_bytes(weight_bytes: float, embedding: dict | None, quantized: bool) -> 
     return weight_bytes - embedding["bytes"]
 
 
+def known_embedding(bench: dict) -> dict:
+    """The embedding tables of a llama-random record that predates bench_engine's `embedding` key: its two
+    architectures are fixed (spec/models/synthetic.py). Nothing for other pairs."""
+    if bench.get("pair") != "llama-random":
+        return {}
+    from spec.models.synthetic import RANDOM_ARCHS, RANDOM_VOCAB
+
+    size = {"bfloat16": 2, "float16": 2, "float32": 4}[bench.get("dtype", "bfloat16")]
+    return {role: {"bytes": RANDOM_VOCAB * RANDOM_ARCHS[arch]["hidden_size"] * size,
+                   "tied": RANDOM_ARCHS[arch]["tie_word_embeddings"]}
+            for role, arch in (("target", "llama-3.1-8b"), ("draft", "llama-3.2-1b"))}
+
+
 def project(bench: dict, bandwidth: float, alphas: list[float], max_k: int = 16) -> list[dict]:
     """One row per (draft format, alpha) from a bench_engine JSON: projected steps, c, best K and its speedup."""
     measured = bench["bandwidth_gb_s"]
     weights = bench["weight_bytes"]
-    embedding = bench.get("embedding", {})
+    embedding = bench.get("embedding") or known_embedding(bench)
     steps = bench["steps_ms"]["graph"]
     target_ms = {int(n): ms for n, ms in steps["target"].items()}
     target = project_ms(target_ms[1], read_bytes(weights["target"], embedding.get("target"), False), measured,

@@ -52,3 +52,10 @@ def test_cli_writes_rows_and_refuses_a_record_without_graph_steps(tmp_path, monk
         spark.main([str(bad)])
     with pytest.raises(SystemExit):
         spark.main([str(good), "--alphas", "1.2"])
+
+
+def test_an_older_llama_random_record_gets_its_known_embedding_tables():
+    table = spark.known_embedding({"pair": "llama-random", "dtype": "bfloat16"})
+    assert table["target"] == {"bytes": 128256 * 4096 * 2, "tied": False}  # Llama 3.1 8B: its own head
+    assert table["draft"] == {"bytes": 128256 * 2048 * 2, "tied": True}  # Llama 3.2 1B: the head is the table
+    assert spark.known_embedding({"pair": "qwen-coder"}) == {}

@@ -34,6 +34,7 @@ def build_tiny(which: str, device, dtype):
     return model.to(device=device, dtype=dtype)
 
 
+RANDOM_VOCAB = 128256  # Llama 3's vocabulary
 LLAMA_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
               "original_max_position_embeddings": 8192}
 RANDOM_ARCHS = {
@@ -50,8 +51,9 @@ def build_random(arch: str, device, dtype):
     """A Llama architecture with random weights, allocated directly on `device` (no download, no CPU copy)."""
     if arch not in RANDOM_ARCHS:
         raise ModelError(f"unknown random architecture {arch!r}; known: {', '.join(RANDOM_ARCHS)}")
-    config = LlamaConfig(vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
-                         bos_token_id=128000, eos_token_id=[128001, 128008, 128009], **RANDOM_ARCHS[arch])
+    config = LlamaConfig(vocab_size=RANDOM_VOCAB, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                         rope_theta=500000.0, bos_token_id=128000, eos_token_id=[128001, 128008, 128009],
+                         **RANDOM_ARCHS[arch])
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
