@@ -28,8 +28,9 @@ COLUMNS = [("quant", ""), ("prompts", ""), ("draft_step_ms", ".1f"), ("c", ".3f"
            ("speedup", ".2f")]
 
 
-def product_ms(scheme: str, n: int = 4864, k: int = 896, trials: int = 200) -> float:
-    """One token's [1, k] x [k, n] product in bf16 (default: the 0.5B draft's gate/up), as the draft runs it."""
+def product_ms(scheme: str, n: int = 4864, k: int = 896, trials: int = 200, tokens: int = 1) -> float:
+    """A [tokens, k] x [k, n] product in bf16 (default: one token through the 0.5B draft's gate/up), as the draft
+    runs it, on the CPU."""
     import time
 
     import torch
@@ -38,7 +39,7 @@ def product_ms(scheme: str, n: int = 4864, k: int = 896, trials: int = 200) -> f
 
     linear = torch.nn.Linear(k, n, bias=False).to(torch.bfloat16)
     layer = linear if scheme == "none" else QuantLinear(linear, scheme)
-    x = torch.randn(1, k).to(torch.bfloat16)
+    x = torch.randn(tokens, k).to(torch.bfloat16)
     with torch.inference_mode():
         for _ in range(10):
             layer(x)
@@ -63,14 +64,22 @@ def main(argv=None) -> dict:
     parser.add_argument("--trials", type=int, default=10, help="timed forwards per step measurement (default 10)")
     parser.add_argument("--products-only", action="store_true",
                         help="time only one [1, 896] x [896, 4864] product per format (random weights; seconds)")
+    parser.add_argument("--product-tokens", default="1",
+                        help="with --products-only: token counts to time the product at, e.g. 1,2,5,8,16 (a verify "
+                             "of K drafts is K + 1 tokens; default 1)")
     args = parser.parse_args(argv)
     quants = args.quants.split(",")
     if unknown := set(quants) - set(QUANTS):
         parser.error(f"unknown --quants {', '.join(sorted(unknown))}; choose from {', '.join(QUANTS)}")
+    if args.products_only:  # CPU kernels: how a product's time grows with the tokens it carries
+        rows = [{"tokens": m, **{quant: product_ms(quant, tokens=m) for quant in quants}}
+                for m in (int(t) for t in args.product_tokens.split(","))]
+        print("a [tokens, 896] x [896, 4864] bf16 product on the CPU, ms:")
+        print(table(rows, [("tokens", "d"), *((q, ".3f") for q in quants)]))
+        return {"products_ms": rows}
     products = {quant: product_ms(quant) for quant in quants}
-    print("one [1, 896] x [896, 4864] bf16 product: " + ", ".join(f"{q} {ms:.3f} ms" for q, ms in products.items()))
-    if args.products_only:
-        return {"products_ms": products}
+    print("one [1, 896] x [896, 4864] bf16 product (CPU): " +
+          ", ".join(f"{q} {ms:.3f} ms" for q, ms in products.items()))
     results, summary = Results("draft_quant"), []
     sets = {name: load_prompts(name)[: args.limit] for name in args.prompts.split(",")}
     for quant in quants:
