@@ -25,6 +25,7 @@ from pathlib import Path
 
 from spec.calc import best_k
 from spec.io import Results, table
+from spec.models.synthetic import RANDOM_ARCHS, RANDOM_VOCAB
 
 SPARK_GB_S = 273.0  # DGX Spark: LPDDR5X unified memory, NVIDIA's datasheet figure
 
@@ -54,8 +55,6 @@ def known_embedding(bench: dict) -> dict:
     architectures are fixed (spec/models/synthetic.py). Nothing for other pairs."""
     if bench.get("pair") != "llama-random":
         return {}
-    from spec.models.synthetic import RANDOM_ARCHS, RANDOM_VOCAB
-
     size = {"bfloat16": 2, "float16": 2, "float32": 4}[bench.get("dtype", "bfloat16")]
     return {role: {"bytes": RANDOM_VOCAB * RANDOM_ARCHS[arch]["hidden_size"] * size,
                    "tied": RANDOM_ARCHS[arch]["tie_word_embeddings"]}
