@@ -4,7 +4,7 @@
 # backend (and, with QUANT_TESTS=1, of int8 / int4 weights), with every failure named.
 source "$(dirname "$0")/env.sh"
 rm -rf results
-{
+[ -z "$SKIP_IMPORTS" ] && {
 python3 - <<'PY'
 import importlib.util, os, sys
 for name in ("torch", "transformers"):
