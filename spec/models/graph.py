@@ -12,7 +12,10 @@ an H200, against a 3.75 ms memory roofline; docs/gpu.md). `GraphModel` removes t
 - the layer stack is optionally `torch.compile`d (fused norms, rope and activations) with the token count and span
   as dynamic sizes: two compilations per model (n = 1 and n >= 2), not one per shape; by default only in half
   precision where the fused kernels cannot run;
-- nothing in `forward` waits for the device: ids go in by asynchronous copies, the position by a fill kernel.
+- nothing in `forward` waits for the device: ids go in by asynchronous copies, the position by a fill kernel;
+- token trees run on the same path: their nodes fill consecutive slots, the split-KV kernel reads a 64-bit ancestor
+  mask per token, the rotary tables' slot rows hold the nodes' depth rows, a graph is captured per node count, and
+  `keep` moves the accepted path's keys and values to consecutive slots (docs/trees.md).
 
 The layer stack is a compact re-statement of the transformers Llama/Qwen2 decoder that runs on the transformers
 model's own modules and weights: norms, activation, embedding, head and rotary tables are the model's; q/k/v and
