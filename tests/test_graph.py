@@ -76,13 +76,13 @@ def test_prompts_run_in_chunks_at_the_right_positions(pair, graphed):
     whole = GraphModel(pair.target.model, pair.target.vocab, max_length=2 * SPAN_STEP + 40, graphs=False)
     chunked = GraphModel(pair.target.model, pair.target.vocab, max_length=2 * SPAN_STEP + 40, graphs=False)
     chunked.fused_tokens = chunked.prefill_chunk = 16
-    chunked._step = lambda ids, span: chunked._head(chunked._run_body(ids, chunked.spans[span]))
+    chunked._step = lambda ids, span, tree=False: chunked._head(chunked._run_body(ids, chunked.spans[span], tree))
     replays = []
     if graphed:
         chunked.graphs = True
         graphs = {}
 
-        def graph(n, span):
+        def graph(n, span, tree=False):
             replays.append(n)
             graph = graphs.setdefault((n, span.shape[0]), _ReplayedStep(chunked, n, span))
             return graph, graph.ids, graph.logits

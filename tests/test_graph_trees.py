@@ -105,10 +105,11 @@ class _ReplayedTreeStep:
 
 
 def test_a_tree_longer_than_one_fused_forward_runs_in_chunks(graph_pair, tiny):
-    """40 nodes (a 4-wide tree) in chunks of 16 as on a GPU: each chunk's graph reads its tokens' masks and
-    positions, and later chunks see the earlier chunks' ancestors through the cache."""
+    """40 nodes (a 4-wide tree) in chunks of 16 as on a GPU, the last one padded as a prompt's: each chunk's graph
+    reads its tokens' masks and positions, and later chunks see the earlier chunks' ancestors through the cache."""
     model = GraphModel(tiny.target.model, tiny.target.vocab, max_length=2 * SPAN_STEP, graphs=False)
-    model.graphs, model.fused_tokens, replays = True, 16, []
+    model.graphs, replays = True, []
+    model.fused_tokens = model.prefill_chunk = model.graph_tokens = 16  # as a fused model's
 
     def graph(n, span, tree=False):
         replays.append((n, tree))
@@ -120,7 +121,7 @@ def test_a_tree_longer_than_one_fused_forward_runs_in_chunks(graph_pair, tiny):
     nodes = torch.randint(3, 200, (40,), generator=torch.Generator().manual_seed(3)).tolist()
     model.forward(TEXT, keep=1)
     rows = model.forward(nodes, tree=tree.layout(parents, 0, 40, len(TEXT)), keep=30)
-    assert replays[-3:] == [(16, True), (16, True), (8, True)] and model.length == len(TEXT) + 40
+    assert replays[-3:] == [(16, True)] * 3 and model.length == len(TEXT) + 40  # the last chunk padded
     expected = fresh_rows(graph_pair[0], TEXT, nodes, parents)[10:]
     assert (rows - expected).abs().max() < FP32_SHAPES
 
@@ -167,13 +168,14 @@ def test_cuda_tree_forwards_match_the_layer_stack(dtype):
     chain = torch.randint(0, 300, (9,), generator=gen).tolist()
     errors = {}
     for name, shape in (("chain", None), ("trees", (2, 2, 1)), ("trees", (4, 3, 2))):
-        parents = shape_parents(shape) if shape else tuple(range(-1, len(chain) - 1))
+        parents = shape_parents(shape) if shape else ()
         nodes = torch.randint(0, 300, (len(parents),), generator=gen).tolist() if shape else chain
         outs = []
         for m in (stack, fused):
             m.reset()
             m.forward(text, keep=1)
-            rows = [m.forward(nodes, tree=tree.layout(parents, 0, len(nodes), len(text)))]
+            # the chain through the causal path: the fused step's own error, which the trees' is held to
+            rows = [m.forward(nodes, tree=tree.layout(parents, 0, len(nodes), len(text)) if shape else None)]
             if shape:
                 m.rollback(len(text))
                 rows += [m.forward(nodes[i : i + 1], tree=tree.layout(parents, i, 1, len(text)))

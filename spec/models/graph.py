@@ -380,27 +380,24 @@ class GraphModel:
                              f"{self.max_length} (pass a larger max_length)")
         span = self._span(self.length + n)
         self.pos.fill_(self.length)
-        if tree is not None:
-            return self._tree_forward(ids, keep, tree, span)
+        rows = None if tree is None else self._load_tree(tree, n)
         # After `prepare`, only the forwards it captured replay graphs: a prompt's length would cost a capture.
-        if self.graphs and n <= (self.prepared or self.graph_tokens):
-            graph, static_ids, logits = self._graph(n, span)
+        # A tree's graphs are captured on first use, one per node count.
+        if self.graphs and n <= (self.graph_tokens if rows else self.prepared or self.graph_tokens):
+            graph, static_ids, logits = self._graph(n, span, tree=rows is not None)
             static_ids.copy_(ids)
             graph.replay()
             out = logits[n - keep :].clone()  # the next replay overwrites `logits`
         elif self.prefill_chunk:
-            return self._prefill(ids, keep)
+            return self._prefill(ids, keep, rows)
         else:
-            out = self._logits(ids, span, keep)
+            out = self._logits(ids, span, keep, tree=rows is not None)
         self.length += n
         return out
 
-    def _tree_forward(self, ids: torch.Tensor, keep: int, layout, span: torch.Tensor) -> torch.Tensor:
-        """A token tree's forward: its mask packed into `self.tree` (a bit per slot of the last 64), its positions
-        into `self.tree_positions`, then a graph per node count (captured on first use) for up to `fused_tokens`
-        nodes, or chunks of them through the fused kernels (the mask is over slots, so a later chunk sees the
-        earlier chunks' nodes it descends from), or the layer stack."""
-        n = ids.shape[0]
+    def _load_tree(self, layout, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A token tree's layout into the buffers the kernels read: `self.tree` = [base, a bit per slot of the last
+        64 for each token], `self.tree_positions`; returns (bits [n], positions [n]) for forwards in chunks."""
         end = self.length + n
         if tuple(layout.visible.shape) != (n, end) or layout.positions.shape[0] != n:
             raise ModelError(f"{self.name}: a tree layout of {tuple(layout.visible.shape)} does not fit {n} tokens "
@@ -412,38 +409,17 @@ class GraphModel:
         bits = (visible[:, base:].long() << torch.arange(end - base, device=self.device)).sum(1)  # distinct bits
         if base:  # slots before the window must be visible to every node: checked on the device, without a sync
             torch._assert_async(visible[:, :base].all(), "a tree's hidden slots must lie in the last 64 of the text")
+        positions = layout.positions.to(self.device)
         self.tree[0] = base
         self.tree[1 : n + 1].copy_(bits)
-        self.tree_positions[:n].copy_(layout.positions.to(self.device))
-        chunk = self.fused_tokens
-        if self.graphs and chunk and n > chunk:  # nodes beyond one fused forward: chunk by chunk, same mask
-            out, first = [], n - keep
-            for start in range(0, n, chunk):
-                part = ids[start : start + chunk]
-                m = part.shape[0]
-                self.pos.fill_(self.length)
-                if start:  # the chunk's tokens' masks and positions to the front of the buffers
-                    self.tree[1 : m + 1].copy_(bits[start : start + m])
-                    self.tree_positions[:m].copy_(layout.positions[start : start + m].to(self.device))
-                graph, static_ids, logits = self._graph(m, self._span(self.length + m), tree=True)
-                static_ids.copy_(part)
-                graph.replay()
-                if start + m > first:
-                    out.append(logits[max(0, first - start) :].clone())
-                self.length += m
-            return torch.cat(out)
-        if self.graphs and n <= self.graph_tokens:
-            graph, static_ids, logits = self._graph(n, span, tree=True)
-            static_ids.copy_(ids)
-            graph.replay()
-            out = logits[n - keep :].clone()
-        else:
-            out = self._logits(ids, span, keep, tree=True)
-        self.length += n
-        return out
+        self.tree_positions[:n].copy_(positions)
+        return bits, positions
 
-    def _prefill(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
-        """A forward longer than the prepared graphs (a prompt), as chunks of `prefill_chunk` tokens through the
+    def _prefill(self, ids: torch.Tensor, keep: int, tree: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> torch.Tensor:
+        """A forward longer than the prepared graphs (a prompt, or a tree of more than `prefill_chunk` nodes: `tree`
+        = its (bits, positions), each chunk's moved to the front of the buffers; the mask is over slots, so a later
+        chunk sees the earlier chunks' nodes it descends from), as chunks of `prefill_chunk` tokens through the
         fused kernels: each chunk replays the graph of a full chunk (the last one padded: the padding's cache
         entries lie after the text, so they are masked out and overwritten like any stale entry), or runs
         without a graph where the padding would overrun the cache. On an H200 a 64-token prompt of the 1.5B Qwen
@@ -455,14 +431,17 @@ class GraphModel:
             chunk = ids[start : start + self.prefill_chunk]
             n = chunk.shape[0]
             self.pos.fill_(self.length)
+            if tree is not None and start:
+                self.tree[1 : n + 1].copy_(tree[0][start : start + n])
+                self.tree_positions[:n].copy_(tree[1][start : start + n])
             padded = self.length + self.prefill_chunk
             if self.graphs and padded <= self.k_cache[0].shape[1]:
-                graph, static_ids, logits = self._graph(self.prefill_chunk, self._span(padded))
+                graph, static_ids, logits = self._graph(self.prefill_chunk, self._span(padded), tree=tree is not None)
                 static_ids[:n].copy_(chunk)  # the rest keeps earlier (valid) ids: the padding
                 graph.replay()
                 logits = logits[:n]
             else:
-                logits = self._step(chunk, self._span(self.length + n).shape[0])
+                logits = self._step(chunk, self._span(self.length + n).shape[0], tree=tree is not None)
             if start + n > first:
                 out.append(logits[max(0, first - start) :].clone())  # the next replay overwrites `logits`
             self.length += n
