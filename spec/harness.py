@@ -21,7 +21,7 @@ from spec.io import Results, table
 from spec.loop import KPolicy, Result, generate
 from spec.models import Model, Pair, chat_ids, sync_time
 from spec.policy import TreePolicy
-from spec.tree import Dynamic
+from spec.tree import Dynamic, most_nodes
 from spec.warps import Sampling
 
 
@@ -190,7 +190,7 @@ def warm_up(pair: Pair, setup: Setup, context: int) -> None:
     """Ready the models for texts of up to `context` tokens (the graph backend captures its graphs), then one
     short generation of each kind; none of it is measured."""
     k = make_k(setup)
-    pair.prepare(k if isinstance(k, int) else k.max_k, context)
+    pair.prepare(k if isinstance(k, int) else k.max_k, context, most_nodes(setup.tree) or most_nodes(k))
     short = replace(setup, max_new_tokens=min(8, setup.max_new_tokens))
     run_prompt(pair, {"id": "warm-up", "prompt": "Hello"}, short, make_k(setup))
 

@@ -332,6 +332,7 @@ class TreePolicy:
         if not 0 < probe_budget < 1:
             raise ValueError(f"probe_budget must be in (0, 1), got {probe_budget}")
         self.max_k = max_depth  # what the models prepare for (harness.warm_up, the server)
+        self.max_nodes = max_nodes
         self.shapes = calc.tree_shapes(max_nodes, max_depth)
         self.probe_budget = probe_budget
         self.hazards = SlotHazards(memory, prior)

@@ -108,6 +108,16 @@ def nodes_of(shape: Sequence[int]) -> int:
     return total
 
 
+def most_nodes(setting) -> int:
+    """The most nodes a round of this setting drafts: a static shape's nodes, a dynamic tree's budget, the tree
+    policy's `max_nodes`; 0 for chains (None). What the graph backend prepares tree forwards for."""
+    if setting is None:
+        return 0
+    if isinstance(setting, tuple):
+        return nodes_of(setting)
+    return getattr(setting, "budget", None) or getattr(setting, "max_nodes", 0)
+
+
 def widths(shape: Sequence[int]) -> list[int]:
     """Nodes at each depth: (3, 2, 1) -> [3, 6, 6]."""
     out, width = [], 1

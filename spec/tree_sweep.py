@@ -30,7 +30,7 @@ from spec.harness import explain_divergence, forward_times, run_loop
 from spec.io import Results, load_prompts, table
 from spec.models import chat_ids, dtype_name
 from spec.policy import TreePolicy
-from spec.tree import Auto, Dynamic, describe, nodes_of, parse_tree, widths
+from spec.tree import Auto, Dynamic, describe, most_nodes, nodes_of, parse_tree, widths
 
 
 def ranks_of(pair, ids: list[int], tokens: list[int]) -> list[int]:
@@ -73,6 +73,16 @@ def predict(shapes, texts: list[list[int]], draft_cost: dict, verify: dict) -> l
                     "chain": set(shape) == {1}, "tokens_per_forward": per_round, "cost_steps": cost,
                     "predicted_speedup": per_round / cost})
     return out
+
+
+def loop_setting(setting, max_depth: int) -> tuple:
+    """(k, tree) for run_loop from a parsed --trees entry: a static shape (a chain of 1s runs as plain K), a
+    dynamic tree, or a new tree policy (one for the whole prompt set, as a server keeps one across requests)."""
+    if isinstance(setting, tuple):
+        return len(setting), None if set(setting) == {1} else setting
+    if isinstance(setting, Dynamic):
+        return max_depth, setting
+    return TreePolicy(max_depth=max_depth, max_nodes=setting.max_nodes), None
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -130,16 +140,20 @@ def main(argv=None) -> dict:
     runs = ["1,1,1,1", best_chain["shape"], best_tree["shape"], deepest["shape"], *map(describe, args.trees)]
     runs = list(dict.fromkeys(runs))
 
+    # Every tree forward's graph captured before any timed round (else each new node count pays for a capture,
+    # and a first run of kernel variants for a compile, inside the runs), then one short untimed run of each.
+    settings = [parse_tree(text) for text in runs]
+    context_len = max(len(ids) for ids in ids_of.values()) + n
+    depth = max([args.max_depth, *(len(s) for s in settings if isinstance(s, tuple))])
+    pair.prepare(depth, context_len, max(map(most_nodes, settings)))
+    for setting in settings:
+        k, tree = loop_setting(setting, args.max_depth)
+        run_loop(pair, "draft", k, first_ids, min(8, n), tree=tree)
+
     measured = []
     nan = float("nan")
-    for shape_text in log.bar(iterable=runs, desc="measured runs"):
-        setting = parse_tree(shape_text)
-        if isinstance(setting, tuple):
-            k, tree = len(setting), None if set(setting) == {1} else setting
-        elif isinstance(setting, Dynamic):
-            k, tree = args.max_depth, setting
-        else:  # one policy for the whole prompt set, as a server keeps one across requests
-            k, tree = TreePolicy(max_depth=args.max_depth, max_nodes=setting.max_nodes), None
+    for shape_text, setting in log.bar(iterable=list(zip(runs, settings)), desc="measured runs"):
+        k, tree = loop_setting(setting, args.max_depth)
         tokens = rounds = drafted = 0
         spec_s = plain_s = 0.0
         identical = near_ties = 0

@@ -1,8 +1,8 @@
 """Token trees on the graph backend's static cache, on a CPU (graphs off: the layer stack and SDPA with the tree
 mask; the fused kernels' tree mask is checked in Triton's interpreter in test_kernels.py and on a GPU there): a tree
-forward scores each branch as a fresh forward of its path would, `keep` compacts the accepted path, a tree longer
-than one fused forward runs in chunks at the right slots and positions, and whole greedy runs with trees write plain
-decoding's text."""
+forward scores each branch as a fresh forward of its path would, `keep` compacts the accepted path, a tree of up to
+64 tokens is one forward and a longer one (64 nodes and their root) runs in chunks at the right slots and positions,
+`prepare` captures tree forwards ahead, and whole greedy runs with trees write plain decoding's text."""
 
 import pytest
 import torch
@@ -104,9 +104,9 @@ class _ReplayedTreeStep:
         self.logits.copy_(self.model._head(self.model._run_body(self.ids, self.span, self.tree)))
 
 
-def test_a_tree_longer_than_one_fused_forward_runs_in_chunks(graph_pair, tiny):
-    """40 nodes (a 4-wide tree) in chunks of 16 as on a GPU, the last one padded as a prompt's: each chunk's graph
-    reads its tokens' masks and positions, and later chunks see the earlier chunks' ancestors through the cache."""
+def as_fused(tiny) -> tuple[GraphModel, list]:
+    """The tiny target on a CPU laid out as a fused model on a GPU (16-token chunks, graphs), each graph replay
+    standing in as the layer stack and recorded as (tokens, tree)."""
     model = GraphModel(tiny.target.model, tiny.target.vocab, max_length=2 * SPAN_STEP, graphs=False)
     model.graphs, replays = True, []
     model.fused_tokens = model.prefill_chunk = model.graph_tokens = 16  # as a fused model's
@@ -117,13 +117,49 @@ def test_a_tree_longer_than_one_fused_forward_runs_in_chunks(graph_pair, tiny):
         return step, step.ids, step.logits
 
     model._graph = graph
+    return model, replays
+
+
+def test_a_tree_of_up_to_64_tokens_is_one_graphed_forward(graph_pair, tiny):
+    """40 nodes (a 4-wide tree) in one forward, not in chunks of 16: the fused kernels take a tree's 64 tokens at
+    once, reading the weights once for all of them."""
+    model, replays = as_fused(tiny)
     parents = shape_parents((4, 3, 2))  # 4 + 12 + 24 nodes
     nodes = torch.randint(3, 200, (40,), generator=torch.Generator().manual_seed(3)).tolist()
     model.forward(TEXT, keep=1)
     rows = model.forward(nodes, tree=tree.layout(parents, 0, 40, len(TEXT)), keep=30)
-    assert replays[-3:] == [(16, True)] * 3 and model.length == len(TEXT) + 40  # the last chunk padded
+    assert replays[-1:] == [(40, True)] and model.length == len(TEXT) + 40
     expected = fresh_rows(graph_pair[0], TEXT, nodes, parents)[10:]
     assert (rows - expected).abs().max() < FP32_SHAPES
+
+
+def test_a_64_node_tree_with_its_root_runs_in_chunks_at_the_right_slots(graph_pair, tiny):
+    """The largest verify: 64 nodes and the uncached token they grow from, 65 tokens, past one fused forward: in
+    chunks of 16 as on a GPU, the last one padded as a prompt's; each chunk's graph reads its tokens' masks and
+    positions, later chunks see the earlier chunks' ancestors through the cache, and the root, outside the mask's
+    64-slot window, is seen by every node."""
+    model, replays = as_fused(tiny)
+    parents = shape_parents((8, 7))  # 8 + 56 nodes
+    nodes = torch.randint(3, 200, (64,), generator=torch.Generator().manual_seed(4)).tolist()
+    model.forward(TEXT[:-1], keep=1)
+    fed = TEXT[-1:] + nodes
+    rows = model.forward(fed, tree=tree.layout(tree.with_prefix(parents, 1), 0, 65, len(TEXT) - 1))
+    assert replays[-5:] == [(16, True)] * 5 and model.length == len(TEXT) + 64
+    expected = fresh_rows(graph_pair[0], TEXT, nodes, parents)
+    assert (rows[1:] - expected).abs().max() < FP32_SHAPES
+    graph_pair[0].reset()
+    assert (rows[0] - graph_pair[0].forward(TEXT)[-1]).abs().max() < FP32_SHAPES
+    graph_pair[0].reset()
+
+
+def test_prepare_captures_tree_forwards_ahead(tiny):
+    """With tree_tokens, `prepare` captures a tree forward's graph for each node count, so none is captured
+    mid-generation; without, none."""
+    model, replays = as_fused(tiny)
+    model.prepare(5, 100)
+    assert not any(t for _, t in replays)
+    model.prepare(5, 100, tree_tokens=17)
+    assert sorted(n for n, t in replays if t) == list(range(1, 18)) and model.length == 0
 
 
 @pytest.mark.parametrize("shape", [(2, 2, 1), (3, 1, 1, 1), (4,)])
@@ -150,7 +186,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 @cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_tree_forwards_match_the_layer_stack(dtype):
-    """Graphed, on the GPU: the fused kernels' tree path (graphs per node count; 40 nodes as chunks of 16) against
+    """Graphed, on the GPU: the fused kernels' tree path (a graph per node count; 40 and 64 nodes in one pass) against
     the layer stack with the same trees, whole and grown node by node, and after `keep`: within fp32 rounding in
     fp32; in bf16 within the fused step's own error against that stack on chains, plus one ulp of a logit."""
     import sys
@@ -160,14 +196,14 @@ def test_cuda_tree_forwards_match_the_layer_stack(dtype):
     from test_kernels import small_model
 
     model = small_model("qwen2", dtype)
-    fused = GraphModel(model, max_length=2 * SPAN_STEP)
+    fused = GraphModel(model, max_length=2 * SPAN_STEP, split_attention=True, fused_step=True)  # fp32 too
     stack = GraphModel(model, max_length=2 * SPAN_STEP, split_attention=False, fused_step=False, compile=False)
     assert fused.fused_step
     gen = torch.Generator().manual_seed(5)
     text = torch.randint(0, 300, (37,), generator=gen).tolist()
     chain = torch.randint(0, 300, (9,), generator=gen).tolist()
     errors = {}
-    for name, shape in (("chain", None), ("trees", (2, 2, 1)), ("trees", (4, 3, 2))):
+    for name, shape in (("chain", None), ("trees", (2, 2, 1)), ("trees", (4, 3, 2)), ("trees", (8, 7))):
         parents = shape_parents(shape) if shape else ()
         nodes = torch.randint(0, 300, (len(parents),), generator=gen).tolist() if shape else chain
         outs = []

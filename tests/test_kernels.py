@@ -265,7 +265,7 @@ from spec.models.graph import GraphModel, SPAN_STEP
 from test_graph_trees import shape_parents
 from test_kernels import small_model
 # fp32: the fused kernels' tree mask and tree positions against the layer stack's (SDPA with the same mask), on
-# trees fed whole (6 and 15 nodes: one fused forward; 40: the layer stack over the split-KV kernel), grown depth by
+# trees fed whole (6 and 15 nodes: tiles of 16 tokens; 40 and 64: one fused forward in tiles of 64), grown depth by
 # depth over cached siblings (a 1-node frontier runs the one-token kernels), and after `keep` compacted a path;
 # bound as the unquantized walk's, 6e-4
 for arch in ("llama", "qwen2"):
@@ -276,7 +276,7 @@ for arch in ("llama", "qwen2"):
     gen = torch.Generator().manual_seed(5)
     text = torch.randint(0, 300, (37,), generator=gen).tolist()
     error = 0.0
-    for shape in ((2, 2, 1), (3, 2, 1), (4, 3, 2)):
+    for shape in ((2, 2, 1), (3, 2, 1), (4, 3, 2), (8, 7)):
         parents = shape_parents(shape)
         nodes = torch.randint(0, 300, (len(parents),), generator=gen).tolist()
         outs = []
@@ -302,7 +302,8 @@ print("ok")
 def test_fused_kernels_with_token_trees_in_tritons_interpreter():
     """The fused kernels' token-tree path (the split-KV attention's 64-bit ancestor masks, the rotary rows of the
     tree positions, the one-token step over a tree's slot) against the layer stack with the same trees, in Triton's
-    interpreter (fp32): whole trees of 6, 15 and 40 nodes, trees grown one node at a time over cached siblings, and
+    interpreter (fp32): whole trees of 6, 15, 40 and 64 nodes (the last two in one forward of the 2-64-token
+    kernels' widest tiles), trees grown one node at a time over cached siblings, and
     the cache after `keep`. Runs wherever Triton is installed, not in CI."""
     run_interpreted(INTERPRETED_TREE_WALK)
 
@@ -362,6 +363,15 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
     assert kernels.fit_shared_memory((32, 256, 2, 6), 2, 1) == (32, 256, 2, 6)
     assert kernels.fit_shared_memory((32, 256, 2, 6), 4, 1) == (32, 256, 2, 3)
     assert kernels.fit_shared_memory((128, 256, 4, 2), 4, 2) == (128, 64, 4, 2)
+    # A tree's 17-64 tokens: tiles of 32 or 64 tokens, whose rows shrink so the accumulators keep their size (down to
+    # a tensor core's 16), and whose input tiles count in the shared memory.
+    assert [kernels.tile_tokens(t) for t in (2, 16, 17, 33, 64)] == [16, 16, 32, 64, 64]
+    assert kernels.wide_config((128, 64, 4, 4), 9) == (128, 64, 4, 4)
+    assert kernels.wide_config((128, 64, 4, 4), 17) == (64, 64, 4, 4)
+    assert kernels.wide_config((32, 256, 2, 6), 40) == (16, 256, 2, 6)
+    assert kernels.fit_shared_memory((16, 256, 2, 6), 2, 1, 64) == (16, 256, 2, 4)  # 6 x 80 x 256 x 2 B > 180 KB
+    with pytest.raises(ValueError, match="at most 64"):
+        kernels.tile_tokens(65)
     assert kernels.TUNED["NVIDIA H200"][("add", 4096, 4096)] == (8, 512, 8)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = kernels.tuned_path("Some GPU/1")

@@ -90,7 +90,7 @@ class EagerModel:
         self.length += n
         return out.logits[0, :, : self.vocab].float()
 
-    def prepare(self, tokens: int, context: int) -> None:
+    def prepare(self, tokens: int, context: int, tree_tokens: int = 0) -> None:
         """Nothing to prepare: the eager backend has no shapes to capture."""
 
     def keep(self, start: int, slots: Sequence[int] = ()) -> None:

@@ -35,7 +35,8 @@ from spec.models import kernels
 from spec.models.base import ModelError, parameter_bytes
 from spec.models.quant import pack_for_kernels, quant_error
 
-MAX_GRAPH_TOKENS = 64  # forwards up to this many tokens are graphed; drafting and verifying stay far below
+MAX_GRAPH_TOKENS = 64  # forwards up to this many tokens are graphed; chains stay far below, a tree's verify may not
+MAX_TREE_TOKENS = MAX_GRAPH_TOKENS + 1  # a tree forward: up to 64 nodes and the token they grow from
 SPAN_STEP = 256  # attention reads the cache in multiples of this many positions
 DEFAULT_MAX_LENGTH = 4096  # the static cache's size when the caller names none
 SUPPORTED = ("llama", "qwen2")
@@ -162,8 +163,8 @@ class GraphModel:
             # tree's tokens get tables whose slot rows hold their depths' rows; `tree` = [base, 64-bit ancestor
             # mask per token] (kernels.tree_visible) and `tree_positions` [n], filled before each tree forward.
             self.cos_tree, self.sin_tree = self.cos.clone(), self.sin.clone()
-            self.tree = torch.zeros(1 + MAX_GRAPH_TOKENS, dtype=torch.long, device=self.device)
-            self.tree_positions = torch.zeros(MAX_GRAPH_TOKENS, dtype=torch.long, device=self.device)
+            self.tree = torch.zeros(1 + MAX_TREE_TOKENS, dtype=torch.long, device=self.device)
+            self.tree_positions = torch.zeros(MAX_TREE_TOKENS, dtype=torch.long, device=self.device)
         # span -> a tensor of that length: attention reads cache positions < span, and a tensor's size (not an int)
         # lets torch.compile treat the span as a dynamic size.
         self.spans: dict[int, torch.Tensor] = {}
@@ -304,10 +305,11 @@ class GraphModel:
     def _logits(self, ids: torch.Tensor, span: torch.Tensor, keep: int | None = None, tree: bool = False
                 ) -> torch.Tensor:
         """fp32 logits of the last `keep` (default all) positions of `ids`: the fused kernels for up to
-        `fused_tokens` tokens, else the layer stack (whose head then runs on those positions only)."""
+        `fused_tokens` tokens (a tree's, up to kernels.MAX_KERNEL_TOKENS: one pass over the weights for all its
+        nodes), else the layer stack (whose head then runs on those positions only)."""
         n = ids.shape[0]
         first = n - (keep or n)
-        if n <= self.fused_tokens:
+        if n <= self.fused_tokens or (tree and self.fused_step and n <= kernels.MAX_KERNEL_TOKENS):
             return self._step(ids, span.shape[0], tree)[first:]
         return self._head(self._run_body(ids, span, tree)[first:])
 
@@ -382,8 +384,9 @@ class GraphModel:
         self.pos.fill_(self.length)
         rows = None if tree is None else self._load_tree(tree, n)
         # After `prepare`, only the forwards it captured replay graphs: a prompt's length would cost a capture.
-        # A tree's graphs are captured on first use, one per node count.
-        if self.graphs and n <= (self.graph_tokens if rows else self.prepared or self.graph_tokens):
+        # A tree's graphs (one per node count, up to 64 tokens in one pass) are captured by `prepare(tree_tokens=)`
+        # or on first use.
+        if self.graphs and n <= (MAX_GRAPH_TOKENS if rows else self.prepared or self.graph_tokens):
             graph, static_ids, logits = self._graph(n, span, tree=rows is not None)
             static_ids.copy_(ids)
             graph.replay()
@@ -402,8 +405,9 @@ class GraphModel:
         if tuple(layout.visible.shape) != (n, end) or layout.positions.shape[0] != n:
             raise ModelError(f"{self.name}: a tree layout of {tuple(layout.visible.shape)} does not fit {n} tokens "
                              f"after {self.length} cached ones")
-        if n > MAX_GRAPH_TOKENS:
-            raise ModelError(f"{self.name}: a tree forward takes at most {MAX_GRAPH_TOKENS} nodes, got {n}")
+        if n > MAX_TREE_TOKENS:
+            raise ModelError(f"{self.name}: a tree forward takes at most {MAX_TREE_TOKENS} tokens (64 nodes and the "
+                             f"token they grow from), got {n}")
         base = max(0, end - 64)
         visible = layout.visible.to(self.device)
         bits = (visible[:, base:].long() << torch.arange(end - base, device=self.device)).sum(1)  # distinct bits
@@ -447,10 +451,12 @@ class GraphModel:
             self.length += n
         return torch.cat(out)
 
-    def prepare(self, tokens: int, context: int) -> None:
+    def prepare(self, tokens: int, context: int, tree_tokens: int = 0) -> None:
         """Capture now the graphs of forwards of 1..`tokens` new tokens, and of a prompt's chunk, at every span a
         text of up to `context` positions reaches, so that no capture happens while a generation is timed or
-        served. Leaves the cache reset (the captures write scratch entries at position 0)."""
+        served; with `tree_tokens`, also those of token trees' forwards of 1..`tree_tokens` tokens (at most 64: a
+        verify of N nodes reads N + 1, a draft's depth its frontier), which are otherwise captured on first use,
+        mid-generation. Leaves the cache reset (the captures write scratch entries at position 0)."""
         if not self.graphs:
             return
         top = min(context, self.max_length)
@@ -460,18 +466,24 @@ class GraphModel:
             sizes = range(1, min(tokens, self.graph_tokens, span.shape[0]) + 1)
             if self.prefill_chunk and self.prefill_chunk <= span.shape[0]:  # a prompt's chunks
                 sizes = sorted({*sizes, self.prefill_chunk})
-            shapes += [(n, span) for n in sizes]
+            shapes += [(n, span, False) for n in sizes]
+            shapes += [(n, span, True) for n in range(1, min(tree_tokens, MAX_GRAPH_TOKENS, span.shape[0]) + 1)]
+        if tree_tokens:  # the warm-up runs read the tree buffers: a chain's mask (token i sees slots 0..i)
+            widest = min(tree_tokens, MAX_GRAPH_TOKENS)
+            self.tree[0] = 0
+            self.tree[1 : widest + 1].copy_(torch.tensor([(1 << (i + 1)) - 1 if i < 63 else -1 for i in range(widest)]))
+            self.tree_positions[:widest].copy_(torch.arange(widest))
         if self.fused_tokens and not self.compiled:
             # The captures' kernel variants (~40 a model, a few per product shape and per span), compiled all at
             # once on a thread pool instead of one after another as the captures reach them: the cold start's
             # largest cost (llama-random's cold prepare on an H200: 31.6 s before, 13.9-14.4 s with it).
             with kernels.compiling_ahead() as ahead:
-                for n, span in shapes if ahead else ():
+                for n, span, tree in shapes if ahead else ():
                     self.pos.fill_(0)
-                    self._logits(torch.zeros(n, dtype=torch.long, device=self.device), span)
-        for n, span in shapes:
+                    self._logits(torch.zeros(n, dtype=torch.long, device=self.device), span, tree=tree)
+        for n, span, tree in shapes:
             self.pos.fill_(0)
-            self._graph(n, span)
+            self._graph(n, span, tree)
         self.prepared = max(self.prepared, min(tokens, self.graph_tokens))
         self.reset()
 

@@ -215,12 +215,14 @@ def _(q, k_cache, v_cache, pos, span, n_tokens, scale, pdl=False, tree=None):
 # kernel waits on a separate reduction), and the order of summation inside the products. Each program owns `BN`
 # output rows and streams them over K in `BLOCK_K` columns, summing in fp32; no program writes what another reads.
 #
-# The same wrappers take 2-16 tokens ([M, K] inputs) for a fused verify (GraphModel's default): tensor-core
-# products with the tokens padded to 16 columns (gemv_rows), q/k/v as a product into fp32 and a rotary kernel a head
-# (rope_rows). Their tiles add a software-pipelining depth and are tuned apart (kinds "<kind>_rows").
+# The same wrappers take 2-64 tokens ([M, K] inputs) for a fused verify (up to 16; a token tree's, up to 64):
+# tensor-core products with the tokens padded to 16, 32 or 64 columns (gemv_rows), q/k/v as a product into fp32 and
+# a rotary kernel a head (rope_rows). Their tiles add a software-pipelining depth and are tuned apart (kinds
+# "<kind>_rows", at 9 tokens; `wide_config` narrows them past 16).
 
 ADD, SILU_MUL, LOGITS, RAW = 0, 1, 2, 3
-MAX_FUSED_TOKENS = 16  # tokens one fused forward takes: the width of a tensor-core tile
+MAX_FUSED_TOKENS = 16  # tokens a verify or a prompt's chunk takes at once: the width of one tensor-core tile
+MAX_KERNEL_TOKENS = 64  # the most one fused forward takes (a token tree's verify): tiles of 16, 32 or 64 tokens
 
 # Tuned (rows per program, columns per iteration, warps) per GPU and product, keyed (kind, N, K) with kind one of
 # qkv (N = half a head), add, silu_mul, logits. `python -m spec.tune_kernels` measures them on the GPU at hand and
@@ -273,6 +275,22 @@ DEFAULT_TILES: dict[str, tuple[int, ...]] = {
 }
 
 
+def tile_tokens(tokens: int) -> int:
+    """The token width of the 2-64-token kernels' tiles: 16 (a tensor core's smallest) up to 16 tokens, else the next
+    power of two."""
+    if tokens > MAX_KERNEL_TOKENS:
+        raise ValueError(f"the fused kernels take at most {MAX_KERNEL_TOKENS} tokens at once, got {tokens}")
+    return max(MAX_FUSED_TOKENS, _pow2(tokens))
+
+
+def wide_config(config: tuple[int, ...], tokens: int) -> tuple[int, ...]:
+    """A 2-16-token tile for a forward of `tokens` tokens: past 16 (a tree's verify) its rows shrink as its tokens
+    grow, so that the accumulators ([rows, tokens] fp32 in registers) keep the size they were tuned at, down to a
+    tensor core's 16 rows."""
+    mp = tile_tokens(tokens)
+    return (max(16, config[0] * MAX_FUSED_TOKENS // mp), *config[1:])
+
+
 def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
                 tokens: int = 1) -> tuple[int, ...]:
     """The tiles for a product of n rows and k columns over `tokens` tokens: the tuned entry for this GPU if there
@@ -322,7 +340,7 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
              heads: int, kv_heads: int, config: tuple[int, ...] | None = None, pdl: bool = False) -> None:
     """RMSNorm(h) [M, K] (or [K]: one token) times the fused q/k/v weight [(heads + 2 kv_heads) * D, K] (+ bias;
     a tensor or a PackedWeight), rotary embedding of token m at position pos + m on q and k; q into q_out,
-    head-major [heads, M, D], k and v into the caches [kv_heads, capacity, D] at pos + m. M <= MAX_FUSED_TOKENS."""
+    head-major [heads, M, D], k and v into the caches [kv_heads, capacity, D] at pos + m. M <= MAX_KERNEL_TOKENS."""
     dim = k_cache.shape[-1]
     tokens, k = (1, h.shape[0]) if h.dim() == 1 else h.shape
     config = config or gemv_config("qkv", dim // 2, k, h.device, tokens)
@@ -336,7 +354,7 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
                 KV=kv_heads, D=dim, HAS_BIAS=b_qkv is not None, BH=config[0],
                 BLOCK_K=packed_columns(config[1], k, quant), **quant)
         return
-    # 2-16 tokens: the product (its rows spread over every multiprocessor) into fp32, then one program a head for
+    # 2-64 tokens: the product (its rows spread over every multiprocessor) into fp32, then one program a head for
     # the bias, rounding and rotary embedding. (A product of 6144 rows in programs that own whole heads' rotary
     # pairs has too few programs to keep an H200's memory busy: 30 µs for the 8B's q/k/v, against 16 for cuBLAS;
     # this split takes 16.7 at 9 tokens, benchmarks/h200/tune_kernels-qkv-rows.json.)
@@ -344,7 +362,7 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
     gemv(h, w_qkv, y, RAW, norm_weight, eps, config, pdl=pdl)
     _launch(_triton().rope_rows, (heads + 2 * kv_heads,), (0, 0, 4), pdl, y, bias, cos, sin, pos, q_out, k_cache,
             v_cache, tokens, k_cache.stride(0), HEADS=heads, KV=kv_heads, D=dim, HAS_BIAS=b_qkv is not None,
-            MP=MAX_FUSED_TOKENS)
+            MP=tile_tokens(tokens))
 
 
 def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
@@ -352,9 +370,9 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     """The product x . weight.T of M tokens x [M, K] (or [K]: one token; weight [N, K], a tensor in the model's
     dtype or a PackedWeight, int8 / int4 codes de-quantised in registers) with an epilogue into `out` [M, N]: ADD
     (out += y), SILU_MUL (the weight holds gate then up, N rows each: out = SiLU(gate) * up), LOGITS (out fp32 =
-    y, rounded to the model's dtype) or RAW (2-16 tokens: out fp32 = y, unrounded, for rope_rows). With
+    y, rounded to the model's dtype) or RAW (2-64 tokens: out fp32 = y, unrounded, for rope_rows). With
     `norm_weight`, x is RMS-normalised first. `head_major` = D reads x as [K // D, M, D] (the attention's output)
-    instead of [M, K]. M <= MAX_FUSED_TOKENS."""
+    instead of [M, K]. M <= MAX_KERNEL_TOKENS."""
     n = weight.shape[0] // (2 if epilogue == SILU_MUL else 1)
     k = weight.shape[1]
     tokens = x.numel() // k
@@ -368,25 +386,27 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
         constexprs["BLOCK_K"] = packed_columns(config[1], k, quant)
         _launch(_triton().gemv, grid, config, pdl, *args, n, k, **constexprs)
     else:
-        if tokens > MAX_FUSED_TOKENS:
-            raise ValueError(f"the fused kernels take at most {MAX_FUSED_TOKENS} tokens at once, got {tokens}")
-        config = fit_shared_memory(config, x.element_size(), 2 if epilogue == SILU_MUL else 1)
+        mp = tile_tokens(tokens)
+        config = fit_shared_memory(wide_config(config, tokens), x.element_size(), 2 if epilogue == SILU_MUL else 1,
+                                   mp)
         constexprs.update(BN=config[0], BLOCK_K=config[1])
+        grid = (-(-n // config[0]),)
         _launch(_triton().gemv_rows, grid, config, pdl, *args, tokens, n, k, **constexprs, XD=head_major,
-                MP=MAX_FUSED_TOKENS, PRECISION=_precision(x))
+                MP=mp, PRECISION=_precision(x))
 
 
-SHARED_MEMORY = 180 * 1024  # what the 2-16-token kernels' pipeline buffers may take (an H100/H200 has 227 KB)
+SHARED_MEMORY = 180 * 1024  # what the 2-64-token kernels' pipeline buffers may take (an H100/H200 has 227 KB)
 
 
-def fit_shared_memory(config: tuple[int, ...], element_size: int, weights: int) -> tuple[int, ...]:
-    """A 2-16-token config whose pipeline buffers -- stages x (weight tiles + the tokens' input tile) -- fit in
-    SHARED_MEMORY: fewer stages (down to 2), then fewer columns. Tiles tuned for bf16 hold twice the bytes in fp32
-    (seen on an H200: 267 KB asked for, 227 KB there)."""
+def fit_shared_memory(config: tuple[int, ...], element_size: int, weights: int,
+                      mp: int = MAX_FUSED_TOKENS) -> tuple[int, ...]:
+    """A 2-64-token config whose pipeline buffers -- stages x (weight tiles + the tokens' input tile of `mp`
+    tokens) -- fit in SHARED_MEMORY: fewer stages (down to 2), then fewer columns. Tiles tuned for bf16 hold twice
+    the bytes in fp32 (seen on an H200: 267 KB asked for, 227 KB there)."""
     bn, block_k, warps, stages = config
 
     def size(block_k: int, stages: int) -> int:
-        return stages * (weights * bn + MAX_FUSED_TOKENS) * block_k * element_size
+        return stages * (weights * bn + mp) * block_k * element_size
 
     while stages > 2 and size(block_k, stages) > SHARED_MEMORY:
         stages -= 1

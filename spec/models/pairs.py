@@ -154,12 +154,14 @@ class Pair:
         return {"draft_quant": self.draft_quant, "target_quant": self.target_quant,
                 "target_quant_report": self.target_report}
 
-    def prepare(self, max_drafts: int, context: int) -> None:
+    def prepare(self, max_drafts: int, context: int, tree_nodes: int = 0) -> None:
         """Ready both models for rounds of up to `max_drafts` drafts on texts of up to `context` tokens: the target
-        verifies up to max_drafts + 1 tokens, the draft steps one token or catches up on two."""
-        self.target.prepare(max_drafts + 1, context)
+        verifies up to max_drafts + 1 tokens, the draft steps one token or catches up on two; with `tree_nodes`,
+        token trees of up to that many nodes (the target's verify reads them and the token they grow from, the
+        draft's forwards a frontier of at most as many)."""
+        self.target.prepare(max_drafts + 1, context, tree_nodes + 1 if tree_nodes else 0)
         if self.draft is not None:
-            self.draft.prepare(2, context)
+            self.draft.prepare(2, context, tree_nodes)
 
 
 def resolve_pair(pair: str = "auto") -> tuple[str, str]:

@@ -106,7 +106,7 @@ def attention_combine(o_ptr, m_ptr, l_ptr, out_ptr, rows_n, splits,
 # byte [N, K / 2], group by group (a group's first G / 2 inputs in the low nibbles of its G / 2 bytes, the rest in the
 # high ones), with a scale and an offset per group (s_ptr, z_ptr [N, K / G]): w = (q - 8) s + z. A one-token
 # product takes int4 tiles as [rows, groups, G / 2] bytes and sums each group before scaling it (`int4_sums`:
-# s sum((q - 8) x) + z sum(x)), so no scale is repeated per input; the 2-16-token one de-quantises a group at a time
+# s sum((q - 8) x) + z sum(x)), so no scale is repeated per input; the 2-64-token one de-quantises a group at a time
 # into a tensor-core operand (`int4_group_dot`). A tile is loaded as it is stored (`weight_tile`) and de-quantised
 # only where it is used, so loading the next tile still overlaps the arithmetic on this one.
 
@@ -353,13 +353,13 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
     store_epilogue(out_ptr + rows, rm, y, up, x_ptr, EPILOGUE)
 
 
-# ---- the fused forward of 2-16 tokens (a verify pass, a draft's catch-up) -----------------------------------------
+# ---- the fused forward of 2-64 tokens (a verify pass, a token tree, a draft's catch-up) ---------------------------
 #
 # The same products for M <= MP tokens at once. Each program owns BN output rows, as above, and reads every weight
 # once for all M tokens: the weight tile [BN, BLOCK_K] is the left operand of a tensor-core product with the tokens'
-# inputs [BLOCK_K, MP] (M padded to MP = 16 columns, the smallest tile a tensor core takes), so the weight stays in
-# its own row-major layout and the loop is the plain one Triton software-pipelines (`num_stages`). The first
-# iteration is peeled: its weight tile is loaded before the wait for the previous kernel (PDL).
+# inputs [BLOCK_K, MP] (M padded to MP = 16, 32 or 64 columns; 16 is the smallest tile a tensor core takes), so the
+# weight stays in its own row-major layout and the loop is the plain one Triton software-pipelines (`num_stages`).
+# The first iteration is peeled: its weight tile is loaded before the wait for the previous kernel (PDL).
 
 
 @triton.jit

@@ -24,6 +24,7 @@ from spec.models import Pair
 from spec.serving.metrics import Metrics
 from spec.serving.schemas import ApiError
 from spec.serving.text import TextStream, TokenSpeller
+from spec.tree import most_nodes
 from spec.warps import Sampling
 
 logger = logging.getLogger("spark-spec.server")
@@ -126,8 +127,10 @@ class Engine:
         """Before serving: ready the models for texts of up to `context` tokens (the graph backend captures its
         graphs and compiles its kernels), then generate a few tokens, so that the first request pays for none of
         it. Runs on the loading thread; the engine need not be started."""
-        max_k = 0 if self.method == "none" else self.k if isinstance(self.k, int) else self.k().max_k
-        pair.prepare(max_k, min(context, pair.target.max_length))
+        policy = None if isinstance(self.k, int) else self.k()
+        max_k = 0 if self.method == "none" else self.k if policy is None else policy.max_k
+        nodes = 0 if self.method == "none" else most_nodes(self.tree) or most_nodes(policy)
+        pair.prepare(max_k, min(context, pair.target.max_length), nodes)
         prompt = pair.tokenizer("Hello").input_ids or [0]
         for _ in speculate(pair.target, make_drafter(self.method, pair, shape=self.tree), prompt, 4, k=max_k, eos=()):
             pass
