@@ -389,7 +389,10 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
         mp = tile_tokens(tokens)
         config = fit_shared_memory(wide_config(config, tokens), x.element_size(), 2 if epilogue == SILU_MUL else 1,
                                    mp)
-        constexprs.update(BN=config[0], BLOCK_K=config[1])
+        # int4 tiles: whole groups (a product's inner size, half the tile, at least 16), at most 128 inputs (the
+        # de-quantised halves sit in registers beside the codes)
+        block_k = min(max(config[1], quant["G"]), 128) if quant["QUANT"] == 2 else config[1]
+        constexprs.update(BN=config[0], BLOCK_K=block_k)
         grid = (-(-n // config[0]),)
         _launch(_triton().gemv_rows, grid, config, pdl, *args, tokens, n, k, **constexprs, XD=head_major,
                 MP=mp, PRECISION=_precision(x))
