@@ -495,3 +495,58 @@ def test_cuda_graph_draft_quant_keeps_greedy_output(scheme):
         result = generate(pair.target, ModelDrafter(pair.draft), prompt, 60, k=k)
         assert result.tokens == plain
         assert 0 < result.alpha
+
+
+# ---- the graph backend runs small forwards of packed weights as one-token steps where that measured cheaper ----
+
+
+def test_stepwise_limit_takes_the_counts_where_steps_are_cheaper():
+    from spec.models.graph import stepwise_limit
+
+    # the H200's 1B draft (benchmarks/h200/bench_engine-session13-trees-quant.json), ms by token count
+    assert stepwise_limit({1: 0.878, 2: 5.349, 5: 5.473, 8: 5.462, 16: 5.680}) == 5  # int4: 8 steps cost 7.0 > 5.5
+    assert stepwise_limit({1: 0.732, 2: 2.673, 5: 2.444, 8: 2.418, 16: 2.587}) == 2  # int8
+    assert stepwise_limit({1: 0.798, 2: 1.074, 5: 1.111, 8: 1.127, 16: 1.120}) == 0  # bf16: never
+    assert stepwise_limit({1: 1.0, 2: 3.0, 3: 2.9, 4: 5.0}) == 2  # stops at the first count where steps lose
+    assert stepwise_limit({1: 1.0}) == 0
+
+
+def test_a_stepwise_forward_writes_what_one_forward_of_the_same_tokens_does(tiny):
+    """With `stepwise`, a forward of up to that many tokens replays the one-token graph once a token: the same
+    logits (fp32, up to the products' shapes) and the same cache as one forward over them; trees and longer
+    forwards keep their own graphs."""
+    from test_graph_trees import FP32_SHAPES, as_fused
+
+    model, replays = as_fused(tiny)
+    reference, _ = as_fused(tiny)
+    text, new = list(b"def add(a, b):"), list(b" ret")
+    for m in (model, reference):
+        m.forward(text, keep=1)
+    model.stepwise = 3
+    replays.clear()
+    assert (model.forward(new[:3], keep=2) - reference.forward(new[:3], keep=2)).abs().max() < FP32_SHAPES
+    assert replays == [(1, False)] * 3 and model.length == reference.length == len(text) + 3
+    assert (model.forward(new[3:]) - reference.forward(new[3:])).abs().max() < FP32_SHAPES  # the caches agree
+    replays.clear()
+    model.forward(list(b"turn a"))  # 6 tokens: past stepwise, one graph
+    assert replays == [(6, False)]
+
+
+def test_prepare_measures_where_packed_weights_go_stepwise(tiny, monkeypatch):
+    """`prepare` times the one-token and the n-token graphs of a model with packed weights and sets `stepwise`
+    from them; a model in its own dtype is not timed (its products never lose to steps)."""
+    import contextlib
+
+    from test_graph_trees import as_fused
+
+    from spec.models import kernels
+
+    monkeypatch.setattr(kernels, "compiling_ahead", lambda: contextlib.nullcontext(False))
+    measured = {1: 0.9, 2: 5.3, 3: 5.4, 4: 5.5, 5: 5.5}
+    for quant, want in (("none", 0), ("int4", 5)):
+        model, _ = as_fused(tiny)
+        model.quant = quant
+        timed = []
+        monkeypatch.setattr(model, "_replay_ms", lambda n, span, timed=timed: timed.append(n) or measured[n])
+        model.prepare(5, 100)
+        assert model.stepwise == want and timed == ([] if quant == "none" else [1, 2, 3, 4, 5])

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from spec.models import kernels
-from spec.models.base import ModelError, parameter_bytes
+from spec.models.base import ModelError, parameter_bytes, sync_time
 from spec.models.quant import pack_for_kernels, quant_error
 
 MAX_GRAPH_TOKENS = 64  # forwards up to this many tokens are graphed; chains stay far below, a tree's verify may not
@@ -98,6 +98,18 @@ def fused_step_reason(model) -> str | None:
     if not kernels.suits_head_dim(layer.self_attn.head_dim):
         return f"head size {layer.self_attn.head_dim} is not a power of two >= 16"
     return None
+
+
+def stepwise_limit(ms: dict[int, float]) -> int:
+    """From milliseconds per forward by token count (1 included): the most tokens n for which n one-token steps
+    cost less than one n-token forward, at every count up to n; 0 when two steps already cost more than one forward
+    of two."""
+    limit = 0
+    for n in sorted(k for k in ms if k > 1):
+        if n * ms[1] >= ms[n]:
+            break
+        limit = n
+    return limit
 
 
 class GraphModel:
@@ -227,6 +239,9 @@ class GraphModel:
         self._graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.prepared = 0  # forwards of up to this many tokens were captured by `prepare` (0: capture on demand)
+        # Packed weights: forwards of 2..stepwise tokens run as one-token steps, where `prepare` measured that
+        # cheaper (the int4 / int8 multi-token products cost 3-7 one-token steps on an H200; docs/quantization.md).
+        self.stepwise = 0
 
     # ---- the layer stack -----------------------------------------------------------------------------------
 
@@ -380,6 +395,8 @@ class GraphModel:
         if self.length + n > self.max_length:
             raise ValueError(f"{self.name}: {self.length + n} positions exceed the static cache of "
                              f"{self.max_length} (pass a larger max_length)")
+        if tree is None and 1 < n <= self.stepwise:  # the same tokens, one step each: measured cheaper
+            return torch.cat([self.forward(ids[i : i + 1]) for i in range(n)])[n - keep :]
         span = self._span(self.length + n)
         self.pos.fill_(self.length)
         rows = None if tree is None else self._load_tree(tree, n)
@@ -485,7 +502,20 @@ class GraphModel:
             self.pos.fill_(0)
             self._graph(n, span, tree)
         self.prepared = max(self.prepared, min(tokens, self.graph_tokens))
+        if self.quant != "none" and self.prepared > 1:
+            span = self._span(min(SPAN_STEP, top))
+            self.stepwise = stepwise_limit({n: self._replay_ms(n, span) for n in range(1, self.prepared + 1)})
         self.reset()
+
+    def _replay_ms(self, n: int, span: torch.Tensor, reps: int = 10) -> float:
+        """Milliseconds per replay of the captured n-token graph over `span` (writes scratch at position 0)."""
+        graph = self._graph(n, span)[0]
+        self.pos.fill_(0)
+        graph.replay()
+        start = sync_time(self.device)
+        for _ in range(reps):
+            graph.replay()
+        return (sync_time(self.device) - start) / reps * 1e3
 
     def rollback(self, length: int) -> None:
         if length < 0 or length > self.length:
