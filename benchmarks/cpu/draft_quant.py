@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from spec.cli import add_model_args, load_from_args  # noqa: E402
-from spec.harness import Setup, forward_times, run_prompt  # noqa: E402
+from spec.harness import Setup, forward_times, run_prompt, warm_up  # noqa: E402
 from spec.io import Results, load_prompts, table  # noqa: E402
 from spec.models import chat_ids  # noqa: E402
 from spec.models.quant import QUANTS  # noqa: E402
@@ -86,7 +86,10 @@ def main(argv=None) -> dict:
         args.draft_quant = quant
         pair = load_from_args(args)
         context = chat_ids(pair.tokenizer, next(iter(sets.values()))[0]["prompt"])
-        run_prompt(pair, next(iter(sets.values()))[0], Setup(k=args.k, max_new_tokens=8), args.k)  # warm-up, untimed
+        # untimed: the graph backend captures its graphs for every text length these prompts reach, and times
+        # packed weights' small forwards against one-token steps (GraphModel.stepwise); then one short generation
+        longest = max(len(chat_ids(pair.tokenizer, p["prompt"])) for ps in sets.values() for p in ps)
+        warm_up(pair, Setup(k=args.k, max_new_tokens=8), longest + args.max_new_tokens)
         draft_ms, target_ms = step_ms(pair.draft, context, args.trials), step_ms(pair.target, context, args.trials)
         for name, prompts in sets.items():
             rows = [results.add({"quant": quant, "set": name, **run_prompt(pair, p, Setup(k=args.k, max_new_tokens=
@@ -96,6 +99,7 @@ def main(argv=None) -> dict:
             summary.append({
                 "quant": quant, "prompts": f"{name} x{len(rows)}", "draft_step_ms": draft_ms,
                 "target_step_ms": target_ms, "c": draft_ms / target_ms,
+                "stepwise": getattr(pair.draft, "stepwise", 0),  # graph backend: small forwards as steps, up to
                 "identical": all(r["identical"] for r in rows),
                 "alpha": sum(r["spec"]["accepted"] for r in rows) / drafted if drafted else float("nan"),
                 "tokens_per_round": tokens / sum(r["spec"]["rounds"] for r in rows),
