@@ -8,7 +8,8 @@ an H200, against a 3.75 ms memory roofline; docs/gpu.md). `GraphModel` removes t
   and overwritten by the next forward);
 - a forward over n <= `MAX_GRAPH_TOKENS` tokens replays a CUDA graph captured lazily for (n, span), where span is
   the cache prefix attention reads (`SPAN_STEP` granularity), so attention costs grow with the text, not with
-  `max_length`; with the fused kernels, longer forwards (the prompt) replay a 16-token chunk's graph per chunk;
+  `max_length`; with the fused kernels, longer forwards (the prompt) replay a 16-token chunk's graph per chunk, and
+  a token tree's forward of up to 64 tokens is one pass;
 - the layer stack is optionally `torch.compile`d (fused norms, rope and activations) with the token count and span
   as dynamic sizes: two compilations per model (n = 1 and n >= 2), not one per shape; by default only in half
   precision where the fused kernels cannot run;
