@@ -90,3 +90,22 @@ def test_a_token_tree_writes_plain_greedy_text_on_the_real_pair(real32):
     tree = generate(real32.target, make_drafter("draft", real32, shape=(2, 2, 1, 1)), ids, 24, k=4, timing=False)
     assert tree.tokens == plain.tokens
     assert tree.tokens_per_round > 2 and max(r.drafted for r in tree.rounds) == 14
+
+
+def test_the_graph_backends_static_cache_writes_plain_greedy_text_on_the_real_pair(real32):
+    """fp32, the graph backend's own code on a CPU (static KV cache, its layer stack, SDPA under the causal or the
+    tree mask, `keep`'s gather over all layers; no CUDA graphs or kernels): plain decoding through it equals the
+    eager backend's, and a K = 4 chain and a 16-node tree (2, 1, 1, 1, 1, 1, 1, 1) write that text token for token."""
+    from spec.drafters import ModelDrafter, NoDrafter
+    from spec.models.graph import GraphModel
+
+    def static(model):
+        return GraphModel(model.model, model.vocab, max_length=512, graphs=False)
+
+    target, draft = static(real32.target), static(real32.draft)
+    ids = chat_ids(real32.tokenizer, load_prompts("code")[1]["prompt"])
+    eager = generate(real32.target, make_drafter("none", real32), ids, 24, k=0, timing=False).tokens
+    assert generate(target, NoDrafter(), ids, 24, k=0, timing=False).tokens == eager
+    assert generate(target, ModelDrafter(draft), ids, 24, k=4, timing=False).tokens == eager
+    tree = generate(target, ModelDrafter(draft, (2,) + (1,) * 7), ids, 24, k=8, timing=False)
+    assert tree.tokens == eager and max(r.drafted for r in tree.rounds) == 16
