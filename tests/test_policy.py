@@ -1,6 +1,7 @@
 """Adaptive K on synthetic rounds (known alpha, c, verify slope), K parsing, and the policy inside the real loop."""
 
 import argparse
+import statistics
 from collections import Counter
 
 import pytest
@@ -245,3 +246,46 @@ def test_a_policy_that_is_off_keeps_greedy_output_exact_without_reading_the_prom
             assert drafter.model.length == 0  # the prompt was not prefilled into the draft
         rounds.append(rnd)
     assert [t for r in rounds for t in r.tokens] == plain.tokens
+
+
+def generations(policy, plan, c, slope, catch_up, prompt=63, seed=0):
+    """Drive `policy` through whole generations, as a server's requests: (alpha, tokens) each, a new prompt of
+    `prompt` tokens before each (skipped by the drafter when the policy says so, then caught up on by its next
+    draft forward at `catch_up` target steps a token, like any text skipped during K = 0 rounds). Returns each
+    generation's speedup over plain decoding."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for alpha, n in plan:
+        lag = 0 if policy.reads_prompt(prompt) else prompt
+        emitted, seconds, first = 0, 0.0, True
+        while emitted < n:
+            k = min(policy.next_k(), n - emitted - 1)
+            kept = 0
+            while kept < k and torch.rand((), generator=gen).item() < alpha:
+                kept += 1
+            draft_s = (k * c + (catch_up * lag if k else 0.0)) * STEP
+            total_s = draft_s + (1 + slope * k) * STEP
+            lag = 0 if k else lag + 1
+            policy.observe(Round([0] * (kept + 1), k, kept, draft_s, total_s - draft_s, total_s,
+                                 prefill_s=0.01 if first else 0.0))
+            emitted, seconds, first = emitted + kept + 1, seconds + total_s, False
+        out.append(emitted * STEP / seconds)
+    return out
+
+
+def test_a_few_early_rejections_do_not_keep_a_good_draft_off_for_generations():
+    """The H100's real-pair sweep (benchmarks/h100/): a warm-up on a prompt's opening taught alpha 0.34, speculation
+    went off, and since the drafter's catch-up (0.036 target steps a skipped token) outran the probes' 2 % credit,
+    three of four 128-token generations ran plain though alpha was 0.92. Off is decided on alpha plus a standard
+    error, so a thin estimate keeps speculating and learns. Over 10 seeds, the two generations after the warm-up:
+    1.02x plain with the mean alone (OPTIMISM = 0), 1.14x with it; the bound 1.08 sits between."""
+    plan = [(0.3, 8)] + [(0.9, 128)] * 2
+    first_two = [statistics.mean(generations(AdaptiveK(max_k=6), plan, c=0.47, slope=0.04, catch_up=0.036,
+                                             seed=seed)[1:]) for seed in range(10)]
+    assert statistics.mean(first_two) >= 1.08
+
+
+def test_a_useless_draft_still_costs_little_over_many_generations():
+    plan = [(0.1, 8)] + [(0.1, 128)] * 5 + [(0.1, 16)] * 10
+    speedups = generations(AdaptiveK(max_k=6), plan, c=0.47, slope=0.04, catch_up=0.036)
+    assert statistics.mean(speedups[1:]) >= 0.95
