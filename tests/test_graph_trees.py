@@ -244,3 +244,16 @@ def test_cuda_graph_trees_write_plain_decodings_text(spec):
     depth = len(spec) if isinstance(spec, tuple) else 4
     result = generate(pair.target, ModelDrafter(pair.draft, spec), prompt, 48, k=depth)
     assert result.tokens == plain and result.accepted > 0
+
+
+def test_bench_engines_tree_timing_leaves_the_cache_at_its_context(tiny):
+    """`bench_engine.tree_ms` (issue 19's bars) on the static cache, with and without cached nodes: it runs the
+    tree forwards it times and rolls each repetition back to the context."""
+    import math
+
+    from spec.bench_engine import tree_ms
+
+    model = GraphModel(tiny.target.model, tiny.target.vocab, max_length=2 * SPAN_STEP, graphs=False)
+    for cached in (0, 4):
+        ms = tree_ms(model, torch.tensor(TEXT), 8, reps=2, vocab=model.vocab, cached=cached)
+        assert math.isfinite(ms) and model.length == len(TEXT)
