@@ -6,7 +6,7 @@ Measures, on one cached context (default 512 tokens), batch 1:
   - the draft cost ratio c = draft step / target step, and verify(8 tokens) / verify(1 token);
   - the round overhead at K: 1 - (K draft steps + one K+1 verify) / measured round time (graph backend);
   - the memory roofline: the target's weight bytes over a measured device-to-device copy bandwidth;
-  - with `--draft-quants int8,int4`: the same draft with int8 / int4 weights in the graph backend's fused kernels
+  - with `--draft-quants int8,int4,fp8`: the same draft with int8 / int4 / fp8 weights in the graph backend's kernels
     (spec/models/quant.py): its step, c, bytes, and a speculative decode with it (the answers are the same);
   - with `--tree-nodes 16,32,64`: the target's forward over a token tree of that many nodes against one step, and
     the draft's forward over a frontier of 8 tree nodes (4 more cached) against one draft step (docs/trees.md);
@@ -191,8 +191,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--parts", default="speed,exactness", help="speed and/or exactness (default both)")
     g.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
     g.add_argument("--draft-quants", default="",
-                   help="comma-separated int8, int4: also time the draft with these weights in each graph backend's "
-                        "fused kernels, beside its own (default: none); keys draft_step_ms_<q>, c_graph_<q>")
+                   help="comma-separated int8, int4, fp8: also time the draft with these weights in each graph "
+                        "backend's fused kernels, beside its own (default: none); keys draft_step_ms_<q>, c_graph_<q>")
     g.add_argument("--tree-nodes", default="",
                    help="comma-separated node counts, e.g. 16,32,64: also time the target's forward over a token tree "
                         "of that many nodes (4-ary) and the draft's over a frontier of 8 tree nodes, in each graph "
@@ -200,8 +200,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.draft_quants = [q for q in args.draft_quants.split(",") if q]
     args.tree_nodes = [int(n) for n in args.tree_nodes.split(",") if n]
-    if set(args.draft_quants) - {"int8", "int4"}:
-        parser.error(f"--draft-quants takes int8 and int4, got {args.draft_quants}")
+    if set(args.draft_quants) - {"int8", "int4", "fp8"}:
+        parser.error(f"--draft-quants takes int8, int4 and fp8, got {args.draft_quants}")
     try:
         args.ns = sorted({1, args.k + 1, *(int(n) for n in args.ns.split(","))})
     except ValueError:

@@ -22,9 +22,10 @@ def add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None:
     if draft:
         g.add_argument("--draft", help="override the draft: hub id, local folder, or .gguf path")
         g.add_argument("--draft-quant", default="none", choices=QUANTS,
-                       help="the draft's weights: none (its dtype, default), int8 (a scale per row) or int4 (a scale "
-                            "and offset per 32 inputs), weight-only, CPU so far; changes no answer, since the "
-                            "acceptance rule keeps the target's distribution for any draft (docs/quantization.md)")
+                       help="the draft's weights: none (its dtype, default), int8 (a scale per row), int4 (a scale "
+                            "and offset per 32 inputs) or fp8 (e4m3, a scale per row; GPUs that read fp8 only), "
+                            "weight-only; changes no answer, since the acceptance rule keeps the target's "
+                            "distribution for any draft (docs/quantization.md)")
         g.add_argument("--allow-other-family", action="store_true",
                        help="accept a draft whose tokenizer differs (ids are remapped; an experiment, not a speedup)")
     g.add_argument("--target-quant", default="none", choices=QUANTS,

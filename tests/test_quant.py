@@ -43,6 +43,31 @@ def test_int8_round_trip_within_half_a_step(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fp8_round_trip_within_the_derived_bound(dtype):
+    w = weights(64, 96, dtype)
+    codes, scales = qz.quantize_fp8(w)
+    assert codes.dtype == torch.float8_e4m3fn and scales.dtype == dtype
+    assert codes.float().abs().max() <= 448 and (scales.float() * 448 >= w.float().abs().amax(1)).all()
+    error = (qz.dequantize_fp8(codes, scales) - w.float()).abs()
+    # quantize_fp8's bound, max(2^-4 |w|, 2^-10 s), plus fp32's rounding of q s
+    s = scales.float()[:, None]
+    bound = torch.maximum(2 ** -4 * w.float().abs(), 2 ** -10 * s) + w.float().abs() * torch.finfo(torch.float32).eps
+    assert (error <= bound).all()
+    assert (error / w.float().abs().clamp(min=1e-6))[1:].max() > 2 ** -6  # not vacuous: errors of that order
+    packed = qz.pack_for_kernels(w, "fp8")  # the kernels' layout: the same codes, the int8 arithmetic
+    assert torch.equal(packed.dequantize(), qz.dequantize_fp8(codes, scales))
+    assert qz.KERNEL_FORMATS["fp8"] == qz.KERNEL_FORMATS["int8"]
+
+
+def test_fp8_runs_only_where_the_gpu_reads_it(monkeypatch):
+    assert "compute capability 8.9" in qz.quant_error("--draft-quant", "fp8", "cpu")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # an A100
+    assert "not on this cuda GPU" in qz.quant_error("--draft-quant", "fp8", "cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100 / H200
+    assert qz.quant_error("--draft-quant", "fp8", "cuda") is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_int4_round_trip_within_the_derived_bound(dtype):
     w = weights(64, 128, dtype)
     codes, sz = qz.quantize_int4(w)
@@ -455,12 +480,16 @@ def test_graph_backend_takes_quantized_weights_only_through_its_fused_kernels():
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+FP8_GPU = pytest.mark.skipif(not (torch.cuda.is_available() and qz.fp8_device(torch.device("cuda"))),
+                             reason="needs a GPU that reads fp8 (compute capability 8.9+)")
+
+
 @cuda
-@pytest.mark.parametrize("scheme, dtype", [("int8", torch.float32), ("int8", torch.bfloat16),
-                                           ("int4", torch.bfloat16)])
+@pytest.mark.parametrize("scheme, dtype", [("int8", torch.float32), ("int8", torch.bfloat16), ("int4", torch.bfloat16),
+                                           pytest.param("fp8", torch.bfloat16, marks=FP8_GPU)])
 def test_cuda_eager_layers_match_their_weights(scheme, dtype):
-    """On CUDA the eager layers (int8: cast and scale; int4: PyTorch's tinygemm) compute x . w^T for the weights
-    their codes stand for, at 1 and 9 tokens."""
+    """On CUDA the eager layers (int8 and fp8: cast and scale; int4: PyTorch's tinygemm) compute x . w^T for the
+    weights their codes stand for, at 1 and 9 tokens."""
     linear = torch.nn.Linear(256, 96).to("cuda", dtype)
     with torch.no_grad():
         linear.weight.copy_(weights(96, 256, dtype, seed=5))
@@ -478,7 +507,7 @@ def test_cuda_eager_layers_match_their_weights(scheme, dtype):
 
 
 @cuda
-@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("scheme", ["int8", "int4", pytest.param("fp8", marks=FP8_GPU)])
 def test_cuda_graph_draft_quant_keeps_greedy_output(scheme):
     """A quantized draft on the graph backend (its fused kernels, fp32 here) changes no answer: greedy
     speculation equals plain greedy decoding of the unquantized fp32 target token for token, and the quantized

@@ -31,7 +31,10 @@ On CUDA the same codes run in two places:
   codes cast to the activations' dtype, then scaled per row): correct, and no faster than bf16 there, where a
   step is launch-bound anyway.
 
-fp8 is refused with the reason.
+fp8 (e4m3, one scale per output row, `w ~ q * s` with q an fp8 number of magnitude at most 448) runs where a GPU
+reads fp8 (compute capability 8.9 and later: H100, H200, the DGX Spark's GB10): in the graph backend's kernels by the
+int8 arithmetic (the codes cast to the model's dtype, which holds every e4m3 value exactly, each row's sum scaled
+once), and in the eager backend as int8 does on CUDA. A CPU, or an older GPU, is refused with the reason.
 """
 
 from __future__ import annotations
@@ -61,13 +64,19 @@ def quant_error(what: str, scheme: str, device: torch.device | str) -> str | Non
     device = torch.device(device)
     if scheme not in QUANTS:
         return f"unknown quantization {scheme!r}; choose {', '.join(QUANTS)}"
-    if scheme == "fp8":
-        return (f"{what}: fp8 weights need a GPU with fp8 tensor cores and the graph backend's kernels, which are not "
-                "written yet; int8 and int4 run on the CPU")
+    if scheme == "fp8" and not fp8_device(device):
+        return (f"{what}: fp8 weights run on a GPU that reads fp8 (compute capability 8.9 or later: H100, H200, DGX "
+                f"Spark), not on this {device.type}" + (" GPU" if device.type == "cuda" else "") +
+                "; int8 and int4 run everywhere")
     if scheme != "none" and device.type not in ("cpu", "cuda"):
         flag = what.split(":")[0] if what.startswith("--") else "--draft-quant / --target-quant"
         return f"{what}: {scheme} weights run on a CPU or a CUDA GPU, not on {device.type}; use {flag} none there"
     return None
+
+
+def fp8_device(device: torch.device) -> bool:
+    """Whether `device` is a CUDA GPU whose kernels read fp8 (Triton's e4m3 needs compute capability 8.9+)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def eager_quant_error(what: str, scheme: str, device: torch.device | str, dtype: torch.dtype) -> str | None:
@@ -91,6 +100,26 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = _up(w.abs().amax(1).clamp(min=1e-12) / 127, weight.dtype)
     codes = torch.clamp(torch.round(w / scale.float()[:, None]), -127, 127).to(torch.int8)
     return codes, scale
+
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+
+
+def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] -> codes [N, K] float8_e4m3fn and scales [N] in the weight's dtype, s >= max|w_row| / 448.
+    Bound: |w - q s| <= max(2^-4 |w|, 2^-10 s) for every entry: w / s lies in [-448, 448] (never clipped) and is
+    rounded to the nearest e4m3 number, whose spacing is 2^-3 of its power of two among normal numbers (>= 2^-6) and
+    2^-9 below them, so the error is half a spacing: at most 2^-4 |w / s| or 2^-10."""
+    w = weight.float()
+    scale = _up(w.abs().amax(1).clamp(min=1e-12) / FP8_MAX, weight.dtype)
+    codes = (w / scale.float()[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return codes, scale
+
+
+def dequantize_fp8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The fp32 weight [N, K] fp8 codes and their row scales stand for."""
+    return codes.float() * scales.float()[:, None]
 
 
 def quantize_int4(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,8 +169,8 @@ class QuantLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(self.scales.dtype).contiguous()
-        if self.scheme == "int8" and flat.is_cuda:  # no int8 kernel on CUDA in PyTorch: cast, multiply, scale rows
-            y = torch.nn.functional.linear(flat, self.codes.to(flat.dtype)) * self.scales
+        if self.scheme == "fp8" or self.scheme == "int8" and flat.is_cuda:  # cast, multiply, scale rows (gpt-fast's
+            y = torch.nn.functional.linear(flat, self.codes.to(flat.dtype)) * self.scales  # WeightOnlyInt8Linear)
         elif self.scheme == "int8":
             y = torch.ops.aten._weight_int8pack_mm(flat, self.codes, self.scales)
         elif flat.is_cuda:
@@ -160,8 +189,8 @@ class QuantLinear(torch.nn.Module):
 
 def pack_error(shape: tuple[int, int], scheme: str, group: int = GROUP, cuda: bool = False) -> str | None:
     """Why a [N, K] weight cannot be packed in `scheme` (`cuda`: for the eager backend's CUDA kernel), or None."""
-    if scheme not in ("int8", "int4"):
-        return f"the layers take int8 or int4, not {scheme!r}"
+    if scheme not in ("int8", "int4", "fp8"):
+        return f"the layers take int8, int4 or fp8, not {scheme!r}"
     if scheme == "int4" and shape[1] % group:
         return f"int4: a layer with {shape[1]} inputs does not split into groups of {group}"
     if scheme == "int4" and cuda and shape[1] % (TINYGEMM_INNER_K_TILES * 16):
@@ -176,8 +205,8 @@ def pack(weight: torch.Tensor, scheme: str, group: int = GROUP) -> tuple[torch.T
     padded up to a multiple of INT4_ROWS by zero rows, and scales_and_zeros [K / group, rows, 2]."""
     if reason := pack_error(tuple(weight.shape), scheme, group):
         raise ModelError(reason)
-    if scheme == "int8":
-        return quantize_int8(weight)
+    if scheme in ("int8", "fp8"):
+        return quantize_int8(weight) if scheme == "int8" else quantize_fp8(weight)
     rows = -(-weight.shape[0] // INT4_ROWS) * INT4_ROWS
     padded = torch.cat([weight, weight.new_zeros(rows - weight.shape[0], weight.shape[1])])
     codes, scales = quantize_int4(padded, group)
@@ -192,7 +221,9 @@ TINYGEMM_INNER_K_TILES = 8  # gpt-fast's choice; K must then be a multiple of 8 
 
 # ---- the graph backend's layout ---------------------------------------------------------------------------------
 
-KERNEL_FORMATS = {"none": 0, "int8": 1, "int4": 2}  # the fused kernels' QUANT constant
+# The fused kernels' QUANT constant: fp8 shares int8's arithmetic (codes cast to the model's dtype, row scales after
+# the sum); only the codes' dtype differs, and the kernels read it from the pointer.
+KERNEL_FORMATS = {"none": 0, "int8": 1, "int4": 2, "fp8": 1}
 
 
 @dataclass
@@ -214,8 +245,8 @@ class PackedWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The fp32 weight [N, K] the codes stand for (the tests' reference)."""
-        if self.scheme == "int8":
-            return dequantize_int8(self.codes, self.scales)
+        if self.scheme in ("int8", "fp8"):
+            return dequantize_int8(self.codes, self.scales)  # codes (integers or fp8 numbers) times row scales
         halves = self.codes.view(self.shape[0], -1, self.group // 2)  # [N, K / group, group / 2]
         grouped = torch.cat([halves & 15, halves >> 4], -1).float()  # [N, K / group, group], inputs in order
         return ((grouped - 8) * self.scales.float()[..., None] + self.zeros.float()[..., None]).view(self.shape)
@@ -227,9 +258,9 @@ def pack_for_kernels(weight: torch.Tensor, scheme: str, group: int = GROUP) -> P
     if reason := pack_error(tuple(weight.shape), scheme, group, cuda=False):
         raise ModelError(reason)
     n, k = weight.shape
-    if scheme == "int8":
-        codes, scales = quantize_int8(weight)
-        return PackedWeight("int8", (n, k), codes.contiguous(), scales.contiguous())
+    if scheme in ("int8", "fp8"):
+        codes, scales = quantize_int8(weight) if scheme == "int8" else quantize_fp8(weight)
+        return PackedWeight(scheme, (n, k), codes.contiguous(), scales.contiguous())
     codes, scales_and_zeros = quantize_int4(weight, group)  # codes [N, K] in 0..15, [K / group, N, 2]
     halves = codes.view(n, k // group, 2, group // 2)
     pairs = (halves[:, :, 0] | halves[:, :, 1] << 4).to(torch.uint8).reshape(n, k // 2).contiguous()

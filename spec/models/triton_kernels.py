@@ -131,7 +131,8 @@ def weight_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K: tl.constexpr, QUA
         z = tl.load(z_ptr + at, mask=rm[:, None] & gm[None, :], other=0.0)
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
-        w = tl.load(w_ptr + rows[:, None] * K + ks[None, :], mask=rm[:, None] & (ks < K)[None, :], other=0)
+        # other=0.0: a float, which every code dtype takes (fp8 codes do not take the integer 0 in Triton's interpreter)
+        w = tl.load(w_ptr + rows[:, None] * K + ks[None, :], mask=rm[:, None] & (ks < K)[None, :], other=0.0)
     return w, s, z
 
 
