@@ -16,7 +16,7 @@ timeout 100 python3 -m spec.bench_engine --pair llama-random --device cuda --bac
 # session 6's own command (234.7 tok/s then): if this one is fast and the one above is not, the flags are the trigger
 timeout 150 python3 -m spec.bench_engine --pair llama-random --device cuda --backends eager,graph --ns 1,2,4,5,8,9,16 \
   --quiet > $OUT/bench_session6.log 2>&1; echo "bench (session 6's command) rc=$?"; grep -E "plain_tok_s|round_overhead" $OUT/bench_session6.log
-timeout 200 python3 -m spec.bench_engine --pair llama-random --device cuda --backends graph --draft-quants int8,int4 \
+timeout 200 python3 -m spec.bench_engine --pair llama-random --device cuda --backends graph --draft-quants int8,int4,fp8 \
   --ns 1,2,5,8,16 --tree-nodes 16,17,32,64 --parts speed --no-hf > $OUT/bench.log 2>&1; echo "bench rc=$?"
 grep -v "it/s\]" $OUT/bench.log | tail -14
 pack s14_probe

@@ -7,7 +7,7 @@ rm -rf results
 timeout 200 python3 -m spec.tree_sweep --pair qwen-coder --device cuda --backend graph --prompts code --limit 3 \
   --max-new-tokens 128 --quiet > $OUT/trees.log 2>&1; echo "trees rc=$?"; grep -v "it/s\]" $OUT/trees.log | tail -16
 pack s14_trees
-timeout 150 python3 benchmarks/cpu/draft_quant.py --pair qwen-coder --device cuda --backend graph --prompts code,short \
+timeout 180 python3 benchmarks/cpu/draft_quant.py --pair qwen-coder --device cuda --backend graph --prompts code,short --quants none,int8,int4,fp8 \
   --limit 3 --max-new-tokens 128 > $OUT/quant.log 2>&1; echo "quant rc=$?"; grep -v "it/s\]" $OUT/quant.log | tail -10
 pack s14_quant
 timeout 60 python3 -m spec.sweep --pair qwen-coder --device cuda --backend graph --prompts code --limit 4 \
