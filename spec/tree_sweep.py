@@ -114,9 +114,15 @@ def main(argv=None) -> dict:
     results = Results("tree_sweep")
     n = args.max_new_tokens
 
-    plain, texts, ids_of = {}, [], {}
+    ids_of = {prompt["id"]: chat_ids(pair.tokenizer, prompt["prompt"]) for prompt in prompts}
+    # Every graph the runs below can meet is captured before any of them is timed, plain decoding's too (it is every
+    # speedup's baseline): a new node count or text length would otherwise pay for a capture, and its kernels for a
+    # compile, inside a timed run. Chains go up to K = 8 (the best chain is chosen among them).
+    depth = max([8, args.max_depth, *(len(t) for t in args.trees if isinstance(t, tuple))])
+    pair.prepare(depth, max(map(len, ids_of.values())) + n, max([args.max_nodes, *map(most_nodes, args.trees)]))
+    plain, texts = {}, []
     for prompt in log.bar(iterable=prompts, desc="plain + ranks"):
-        ids = ids_of[prompt["id"]] = chat_ids(pair.tokenizer, prompt["prompt"])
+        ids = ids_of[prompt["id"]]
         plain[prompt["id"]] = run_loop(pair, "none", 0, ids, n)
         texts.append(ranks_of(pair, ids, plain[prompt["id"]].tokens))
     ranks = [r for text in texts for r in text]
@@ -140,13 +146,8 @@ def main(argv=None) -> dict:
     runs = ["1,1,1,1", best_chain["shape"], best_tree["shape"], deepest["shape"], *map(describe, args.trees)]
     runs = list(dict.fromkeys(runs))
 
-    # Every tree forward's graph captured before any timed round (else each new node count pays for a capture,
-    # and a first run of kernel variants for a compile, inside the runs), then one short untimed run of each.
     settings = [parse_tree(text) for text in runs]
-    context_len = max(len(ids) for ids in ids_of.values()) + n
-    depth = max([args.max_depth, *(len(s) for s in settings if isinstance(s, tuple))])
-    pair.prepare(depth, context_len, max(map(most_nodes, settings)))
-    for setting in settings:
+    for setting in settings:  # one short untimed run of each (whatever its first rounds meet first)
         k, tree = loop_setting(setting, args.max_depth)
         run_loop(pair, "draft", k, first_ids, min(8, n), tree=tree)
 
