@@ -145,16 +145,16 @@ class AdaptiveK:
 
     def hopeful_alpha(self) -> float:
         """Alpha plus OPTIMISM standard errors of its estimate, sqrt(a (1 - a) / n) over the n judged positions it
-        rests on (decayed, the prior's weight included): what decides that speculation goes off (while it is on, K
-        is the estimate's own best). While speculation is off only
-        probes judge positions, and they are rationed (`probe_budget`, and each pays for the drafter reading the
-        text it skipped), so an estimate taken from a few early rejections -- a warm-up, a prompt's opening -- would
-        keep a good draft off for whole generations: on an H100 the real Qwen pair's sweep ran three of four code
-        prompts plain after its warm-up left alpha at 0.34 (true value 0.92), 0.95x plain against 1.30x at K = 4
-        (benchmarks/h100/). The bonus shrinks as positions are judged (about 0.03 at K = 4 with `memory` 32) and is
-        0 for an alpha of 0 or 1. In simulated generations with the H100's costs (tests/test_policy.py, 10 seeds)
-        the two generations after such a warm-up run at 1.14x plain instead of 1.02x, and a useless draft still
-        costs under 5 %."""
+        rests on
+        (decayed, the prior's weight included): what decides that speculation goes off (while it is on, K is the
+        estimate's own best). While speculation is off only probes judge positions, and they are rationed
+        (`probe_budget`, and each pays for the drafter reading the text it skipped), so an estimate taken from a few
+        early rejections -- a warm-up, a prompt's opening -- would keep a good draft off for whole generations: on an
+        H100 the real Qwen pair's sweep ran three of four code prompts plain after its warm-up left alpha at 0.34 (true
+        value 0.92), 0.95x plain against 1.30x at K = 4 (benchmarks/h100/). The bonus shrinks as positions are judged
+        (about 0.03 at K = 4 with `memory` 32) and is 0 for an alpha of 0 or 1. In simulated generations with the H100's
+        costs (tests/test_policy.py, 10 seeds) the two generations after such a warm-up run at 1.14x plain instead of
+        1.02x, and a useless draft still costs under 5 %."""
         a, n = self.alpha.value, self.alpha.den
         return min(1.0, a + OPTIMISM * math.sqrt(a * (1 - a) / n))
 

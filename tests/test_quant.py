@@ -34,7 +34,7 @@ def test_int8_round_trip_within_half_a_step(dtype):
     w = weights(64, 96, dtype)
     codes, scales = qz.quantize_int8(w)
     assert codes.dtype == torch.int8 and scales.dtype == dtype and codes.abs().max() <= 127
-    error = (qz.dequantize_int8(codes, scales) - w.float()).abs()
+    error = (qz.dequantize_rows(codes, scales) - w.float()).abs()
     # the docstring's bound: |w - q s| <= s / 2 (s rounded up, so no code is clipped); fp32's own product rounding
     # of q s adds |q s| eps32 at most
     bound = scales.float()[:, None] / 2 + w.float().abs() * torch.finfo(torch.float32).eps
@@ -48,14 +48,14 @@ def test_fp8_round_trip_within_the_derived_bound(dtype):
     codes, scales = qz.quantize_fp8(w)
     assert codes.dtype == torch.float8_e4m3fn and scales.dtype == dtype
     assert codes.float().abs().max() <= 448 and (scales.float() * 448 >= w.float().abs().amax(1)).all()
-    error = (qz.dequantize_fp8(codes, scales) - w.float()).abs()
+    error = (qz.dequantize_rows(codes, scales) - w.float()).abs()
     # quantize_fp8's bound, max(2^-4 |w|, 2^-10 s), plus fp32's rounding of q s
     s = scales.float()[:, None]
     bound = torch.maximum(2 ** -4 * w.float().abs(), 2 ** -10 * s) + w.float().abs() * torch.finfo(torch.float32).eps
     assert (error <= bound).all()
     assert (error / w.float().abs().clamp(min=1e-6))[1:].max() > 2 ** -6  # not vacuous: errors of that order
     packed = qz.pack_for_kernels(w, "fp8")  # the kernels' layout: the same codes, the int8 arithmetic
-    assert torch.equal(packed.dequantize(), qz.dequantize_fp8(codes, scales))
+    assert torch.equal(packed.dequantize(), qz.dequantize_rows(codes, scales))
     assert qz.KERNEL_FORMATS["fp8"] == qz.KERNEL_FORMATS["int8"]
 
 
@@ -88,7 +88,7 @@ def test_quant_linear_multiplies_by_the_weights_it_stands_for(scheme):
     linear = torch.nn.Linear(128, 72).to(torch.bfloat16)
     layer = qz.QuantLinear(linear, scheme)
     if scheme == "int8":
-        w = qz.dequantize_int8(*qz.quantize_int8(linear.weight.detach()))
+        w = qz.dequantize_rows(*qz.quantize_int8(linear.weight.detach()))
     else:
         padded = torch.cat([linear.weight.detach(), linear.weight.new_zeros(8, 128)])
         w = qz.dequantize_int4(*qz.quantize_int4(padded))[:72]
@@ -446,7 +446,7 @@ def test_kernel_layout_holds_the_same_codes(scheme, dtype):
     w = weights(48, 256, dtype, seed=3)
     packed = qz.pack_for_kernels(w, scheme)
     if scheme == "int8":
-        reference = qz.dequantize_int8(*qz.quantize_int8(w))
+        reference = qz.dequantize_rows(*qz.quantize_int8(w))
         assert packed.nbytes() == 48 * 256 + 48 * w.element_size()
     else:
         codes, scales_and_zeros = qz.quantize_int4(w)

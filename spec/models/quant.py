@@ -117,9 +117,7 @@ def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scale
 
 
-def dequantize_fp8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The fp32 weight [N, K] fp8 codes and their row scales stand for."""
-    return codes.float() * scales.float()[:, None]
+ROW_SCALED = {"int8": quantize_int8, "fp8": quantize_fp8}  # codes [N, K] and a scale per row: one arithmetic
 
 
 def quantize_int4(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,8 +136,8 @@ def quantize_int4(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tenso
     return codes, torch.stack([scale, zero], -1).transpose(0, 1).contiguous()
 
 
-def dequantize_int8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The fp32 weight [N, K] int8 codes and scales stand for."""
+def dequantize_rows(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The fp32 weight [N, K] row-scaled codes stand for (int8's integers or fp8's numbers, times each row's scale)."""
     return codes.float() * scales.float()[:, None]
 
 
@@ -205,8 +203,8 @@ def pack(weight: torch.Tensor, scheme: str, group: int = GROUP) -> tuple[torch.T
     padded up to a multiple of INT4_ROWS by zero rows, and scales_and_zeros [K / group, rows, 2]."""
     if reason := pack_error(tuple(weight.shape), scheme, group):
         raise ModelError(reason)
-    if scheme in ("int8", "fp8"):
-        return quantize_int8(weight) if scheme == "int8" else quantize_fp8(weight)
+    if scheme in ROW_SCALED:
+        return ROW_SCALED[scheme](weight)
     rows = -(-weight.shape[0] // INT4_ROWS) * INT4_ROWS
     padded = torch.cat([weight, weight.new_zeros(rows - weight.shape[0], weight.shape[1])])
     codes, scales = quantize_int4(padded, group)
@@ -245,21 +243,21 @@ class PackedWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The fp32 weight [N, K] the codes stand for (the tests' reference)."""
-        if self.scheme in ("int8", "fp8"):
-            return dequantize_int8(self.codes, self.scales)  # codes (integers or fp8 numbers) times row scales
+        if self.scheme in ROW_SCALED:
+            return dequantize_rows(self.codes, self.scales)
         halves = self.codes.view(self.shape[0], -1, self.group // 2)  # [N, K / group, group / 2]
         grouped = torch.cat([halves & 15, halves >> 4], -1).float()  # [N, K / group, group], inputs in order
         return ((grouped - 8) * self.scales.float()[..., None] + self.zeros.float()[..., None]).view(self.shape)
 
 
 def pack_for_kernels(weight: torch.Tensor, scheme: str, group: int = GROUP) -> PackedWeight:
-    """[N, K] weight -> `PackedWeight` in `scheme`: the codes and scales of `quantize_int8` / `quantize_int4`
+    """[N, K] weight -> `PackedWeight` in `scheme`: the codes and scales of `ROW_SCALED` / `quantize_int4`
     (so the same weights get the same codes on every device), in the fused kernels' layout."""
     if reason := pack_error(tuple(weight.shape), scheme, group, cuda=False):
         raise ModelError(reason)
     n, k = weight.shape
-    if scheme in ("int8", "fp8"):
-        codes, scales = quantize_int8(weight) if scheme == "int8" else quantize_fp8(weight)
+    if scheme in ROW_SCALED:
+        codes, scales = ROW_SCALED[scheme](weight)
         return PackedWeight(scheme, (n, k), codes.contiguous(), scales.contiguous())
     codes, scales_and_zeros = quantize_int4(weight, group)  # codes [N, K] in 0..15, [K / group, N, 2]
     halves = codes.view(n, k // group, 2, group // 2)
