@@ -145,9 +145,8 @@ class AdaptiveK:
 
     def hopeful_alpha(self) -> float:
         """Alpha plus OPTIMISM standard errors of its estimate, sqrt(a (1 - a) / n) over the n judged positions it
-        rests on
-        (decayed, the prior's weight included): what decides that speculation goes off (while it is on, K is the
-        estimate's own best). While speculation is off only probes judge positions, and they are rationed
+        rests on (decayed, the prior's weight included): what decides that speculation goes off (while it is on, K is
+        the estimate's own best). While speculation is off only probes judge positions, and they are rationed
         (`probe_budget`, and each pays for the drafter reading the text it skipped), so an estimate taken from a few
         early rejections -- a warm-up, a prompt's opening -- would keep a good draft off for whole generations: on an
         H100 the real Qwen pair's sweep ran three of four code prompts plain after its warm-up left alpha at 0.34 (true
