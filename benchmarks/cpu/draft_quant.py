@@ -99,7 +99,7 @@ def main(argv=None) -> dict:
             summary.append({
                 "quant": quant, "prompts": f"{name} x{len(rows)}", "draft_step_ms": draft_ms,
                 "target_step_ms": target_ms, "c": draft_ms / target_ms,
-                "stepwise": getattr(pair.draft, "stepwise", 0),  # graph backend: small forwards as steps, up to
+                "stepwise": getattr(pair.draft, "stepwise", 0),  # forwards of up to this many tokens run as steps
                 "identical": all(r["identical"] for r in rows),
                 "alpha": sum(r["spec"]["accepted"] for r in rows) / drafted if drafted else float("nan"),
                 "tokens_per_round": tokens / sum(r["spec"]["rounds"] for r in rows),
