@@ -352,6 +352,9 @@ def cost_only(args, pair, ids: list[int], title: str, setup: dict) -> dict:
 
 def full(args, pair, prompts: list[dict], ids: list[list[int]], title: str, setup: dict) -> dict:
     greedy = configs(args.methods, args.k)
+    # Graphs for every K and every text length the prompts reach, before anything is timed: plain decoding runs first
+    # on each prompt, so a capture at a new length would otherwise land in the baseline.
+    pair.prepare(max(args.k), max(map(len, ids)) + args.max_new_tokens)
     for cfg in greedy:  # warm-up: allocator, kernels, lazy imports, and adaptive K's first estimates; never timed
         run_config(pair, cfg, ids[0], min(WARMUP_TOKENS, args.max_new_tokens))
     costs = measure_costs(pair, ids[0], args.k, args.trials)
