@@ -189,3 +189,21 @@ def test_a_run_cut_short_keeps_every_finished_prompt(tiny, monkeypatch, tmp_path
     saved = json.loads(finished.with_suffix(".json").read_text())
     assert saved["rows"] == [json.loads(line) for line in finished.read_text().splitlines()]
     assert len(saved["rows"]) == 2
+
+
+def test_untimed_runs_still_wait_for_the_prefill(tiny, prompts, monkeypatch):
+    """timing=False skips per-phase syncs, but the prompt's forward is waited for once: on a GPU it runs
+    asynchronously, and the first round's sync would otherwise count it as decode time (bench_engine's 8B plain
+    decode read 188 instead of ~240 tok/s that way)."""
+    import spec.loop
+
+    seen = []
+
+    def recording_sync(device):
+        seen.append(tiny.target.length)  # what the target had cached when the loop waited
+        return 0.0
+
+    monkeypatch.setattr(spec.loop, "sync_time", recording_sync)
+    ids = prompts[0]
+    generate(tiny.target, ModelDrafter(tiny.draft), ids, 8, k=3, timing=False)
+    assert seen == [0, len(ids) - 1]  # before the prompt, after it, and never inside the rounds
