@@ -112,6 +112,8 @@ def as_fused(tiny) -> tuple[GraphModel, list]:
     model.fused_tokens = model.prefill_chunk = model.graph_tokens = 16  # as a fused model's
 
     def graph(n, span, tree=False):
+        if torch.is_grad_enabled():  # a capture writes the caches; with grad on, torch refuses (fp32 on a GPU)
+            raise RuntimeError("graph captured with grad enabled")
         replays.append((n, tree))
         step = _ReplayedTreeStep(model, n, span, tree)
         return step, step.ids, step.logits
@@ -154,8 +156,8 @@ def test_a_64_node_tree_with_its_root_runs_in_chunks_at_the_right_slots(graph_pa
 
 def test_prepare_captures_tree_forwards_ahead(tiny, monkeypatch):
     """With tree_tokens, `prepare` captures a tree forward's graph for each node count, so none is captured
-    mid-generation; without, none. (Compiling the kernels ahead is left out: the stand-in runs no kernels, and
-    where Triton is installed it would try to.)"""
+    mid-generation; without, none; all with grad off, as `forward`. (Compiling the kernels ahead is left out: the
+    stand-in runs no kernels, and where Triton is installed it would try to.)"""
     import contextlib
 
     from spec.models import kernels

@@ -469,6 +469,7 @@ class GraphModel:
             self.length += n
         return torch.cat(out)
 
+    @torch.no_grad()  # as forward: the captures write the caches, which torch refuses with grad on (fp32 eager stack)
     def prepare(self, tokens: int, context: int, tree_tokens: int = 0) -> None:
         """Capture now the graphs of forwards of 1..`tokens` new tokens, and of a prompt's chunk, at every span a
         text of up to `context` positions reaches, so that no capture happens while a generation is timed or
