@@ -193,5 +193,5 @@ class DrawScoredDrafter(ModelDrafter):
     def _children(row, path, depth, branching, decoding, generator, scored=False):
         picked, q, slots = ModelDrafter._children(row, path, depth, branching, decoding, generator, scored)
         if scored and q is not None:
-            slots = q[picked].tolist()
+            slots = q[picked]
         return picked, q, slots

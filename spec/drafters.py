@@ -117,10 +117,16 @@ class ModelDrafter:
         fed, fed_parents, slot_of = [], [], {}  # candidates in the draft's cache in slot order, their tree, slots
         for depth in range(depth_limit):
             made = []
-            for row, node in zip(rows, frontier):
-                path = [tokens[a] for a in tree.ancestry(parents, node)]
-                branching = min(plan.width, plan.budget) if dynamic else plan[depth]
-                picked, q, slot_probs = self._children(row, path, depth, branching, decoding, generator, dynamic)
+            branching = min(plan.width, plan.budget) if dynamic else plan[depth]
+            expanded = [(node, *self._children(row, [tokens[a] for a in tree.ancestry(parents, node)], depth,
+                                               branching, decoding, generator, dynamic))
+                        for row, node in zip(rows, frontier)]
+            if dynamic:  # the whole depth's slot probabilities in one device -> host copy, not one per node
+                flat = torch.cat([probs for *_, probs in expanded]).tolist()
+                cuts = list(itertools.accumulate(len(probs) for *_, probs in expanded))
+                expanded = [(node, picked, q, flat[end - len(picked) : end])
+                            for (node, picked, q, _), end in zip(expanded, cuts)]
+            for node, picked, q, slot_probs in expanded:
                 base = scores[node] if node >= 0 else 0.0
                 for j, token in enumerate(picked):
                     if dynamic and slot_probs[j] <= 0:
@@ -164,19 +170,19 @@ class ModelDrafter:
 
     @staticmethod
     def _children(row, path, depth, branching, decoding, generator, scored=False):
-        """(children [b], q or None, slot probabilities or None) of one node from its row of logits [V]. The slot
-        probabilities (with `scored`) are the node's b largest probabilities, best first: what a dynamic tree
-        scores its children by (see the class docstring for why not q of the drawn token)."""
+        """(children [b], q or None, slot probabilities [b] or None, on the device) of one node from its row of
+        logits [V]. The slot probabilities (with `scored`) are the node's b largest probabilities, best first: what
+        a dynamic tree scores its children by (see the class docstring for why not q of the drawn token)."""
         if decoding.deterministic:
             scores = decoding.scores(row[None], path, start=depth)[0]
             picked = scores.argmax(-1, keepdim=True) if branching == 1 else scores.topk(branching).indices
-            return picked, None, scores.softmax(-1)[picked].tolist() if scored else None
+            return picked, None, scores.softmax(-1)[picked] if scored else None
         q = decoding.probs(row[None], path, start=depth)[0]
         if branching == 1:
             picked = sample(q, generator).view(1)
         else:
             picked = torch.multinomial(q, min(branching, int((q > 0).sum())), replacement=False, generator=generator)
-        return picked, q, q.topk(len(picked)).values.tolist() if scored else None
+        return picked, q, q.topk(len(picked)).values if scored else None
 
     def rollback(self, length, path=()):
         if path and self._start is not None:  # keep the accepted nodes that are cached, drop the other branches

@@ -66,6 +66,24 @@ def test_layout_sees_the_text_and_the_ancestors_only():
     assert prefixed == (-1, 0, 1, 1, 2) and tree.is_chain(tree.chain(4)) and not tree.is_chain(parents)
 
 
+def test_layouts_reach_the_device_without_waiting_for_it(monkeypatch):
+    """A tree round builds a layout for each draft depth and for the verify; a blocking copy to a GPU waits for all
+    the work queued there, so each would stop the CPU from running ahead (about 1 ms a round on an H200). A device
+    that computes nothing (meta) stands in for the GPU: every copy to it must be non-blocking."""
+    copies = []
+    to = torch.Tensor.to
+
+    def recording_to(self, *args, **kwargs):
+        out = to(self, *args, **kwargs)
+        if out.device.type == "meta" and self.device.type == "cpu":
+            copies.append(kwargs.get("non_blocking", False))
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "to", recording_to)
+    layout = tree.layout((-1, -1, 0, 1), 0, 4, start=9, device="meta")
+    assert layout.visible.device.type == "meta" and copies == [True, True]
+
+
 def test_lookup_offers_several_continuations():
     seq = [5, 6, 7, 5, 6, 8, 5, 6]
     assert lookup_continuations(seq, 1, branches=2) == [[8], [7]]
@@ -341,6 +359,18 @@ def dynamic_proposals(drafter, model, texts, k, decoding=None):
 
 
 TEXTS = [list(b"def add(a, b):"), list(b"The quick brown fox"), list(b"for i in range(10):\n    print(")]
+
+
+def test_a_dynamic_tree_reads_its_scores_back_once_a_depth(tiny, monkeypatch):
+    """A dynamic tree chooses each depth's frontier on the host, from its candidates' scores: one device -> host
+    copy a depth, not one a node (on a GPU each waits for the device; 12 a round at dynamic:15:4 before)."""
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(self.numel()) or tolist(self))
+    drafter, k = ModelDrafter(tiny.draft, tree.Dynamic(16, 4)), 4
+    draft = drafter.propose(TEXTS[0], k, Decoding(Sampling()), None)
+    assert len(draft.forwards) == k and len(reads) == k  # k depths of candidates, each scored in one copy
+    tiny.draft.reset()
 
 
 def test_dynamic_trees_keep_the_budget_and_the_depth_and_reduce_to_static_shapes(tiny):
