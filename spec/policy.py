@@ -417,6 +417,21 @@ class TreePolicy:
         verify_cost = {n: (verify[0] + verify[1] * n) / step for n in range(1, MAX_NODES + 2)}
         return draft_cost, verify_cost, self.overhead.value / step
 
+    def snapshot(self) -> dict:
+        """The cost estimates in target steps (a draft forward of 1 / 2 / 4 tokens, a target forward of 1 / 5 / 17
+        tokens, the overhead a round; None until timed), a chain's acceptance per depth (the top child taken), and the
+        shape they choose: for reports."""
+        costs = self.costs()
+        out = {"draft_cost": None, "verify_cost": None, "overhead": None, "choice": None, "predicted": None,
+               "chain_acceptance_by_depth": [round(self.hazards.leave(d, 1), 4) for d in range(1, self.max_k + 1)]}
+        if costs is not None:
+            draft_cost, verify_cost, overhead = costs
+            shape, predicted = self.choice()
+            out.update(draft_cost={w: draft_cost[w] for w in (1, 2, 4) if w in draft_cost},
+                       verify_cost={n: verify_cost[n] for n in (1, 5, 17) if n in verify_cost},
+                       overhead=overhead, choice=list(shape), predicted=predicted)
+        return out
+
     def predictions(self) -> list[tuple[tuple[int, ...], float]] | None:
         """(shape, predicted tokens per target step) for every shape, and () for a plain step; None until timed."""
         costs = self.costs()

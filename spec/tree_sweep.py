@@ -171,9 +171,14 @@ def main(argv=None) -> dict:
             tokens, rounds = tokens + len(result.tokens), rounds + len(result.rounds)
             drafted += result.drafted
             spec_s, plain_s = spec_s + result.decode_s, plain_s + base.decode_s
-            results.add({"shape": shape_text, "id": prompt["id"], "tokens": len(result.tokens),
-                         "rounds": len(result.rounds), "decode_s": result.decode_s, "plain_decode_s": base.decode_s,
-                         "identical": same})
+            row = {"shape": shape_text, "id": prompt["id"], "tokens": len(result.tokens),
+                   "rounds": len(result.rounds), "decode_s": result.decode_s, "plain_decode_s": base.decode_s,
+                   "identical": same}
+            if isinstance(k, TreePolicy):  # what it chose each round and what that cost, to see why
+                row["round_detail"] = [[r.drafted, r.accepted, r.draft_s, r.verify_s, r.total_s, list(r.forwards)]
+                                       for r in result.rounds]
+                row["policy"] = k.snapshot()
+            results.add(row)
         guess = by_shape.get(shape_text, {"tokens_per_forward": nan, "predicted_speedup": nan})
         measured.append({
             "shape": shape_text, "nodes": nodes_of(setting) if isinstance(setting, tuple) else drafted / rounds,

@@ -119,3 +119,23 @@ def test_the_whole_loop_with_the_tree_policy_writes_plain_greedy_text(tiny):
     result = generate(tiny.target, ModelDrafter(tiny.draft), prompt, 60, k=policy)
     assert result.tokens == plain
     assert any(r.drafted > len(r.slots) + 1 for r in result.rounds)  # some rounds were trees, not chains
+
+
+def test_tree_sweep_records_what_the_policy_chose_and_what_it_cost(tmp_path, monkeypatch):
+    """The H200's `auto:15` ran nearly plain (0.75 nodes a round, 1.00x) and its JSON could not say why: now each
+    prompt's row of a policy's run keeps every round (nodes, kept, draft / verify / total seconds, draft forwards)
+    and the policy's estimates at its end."""
+    import json
+
+    from spec import tree_sweep
+
+    monkeypatch.chdir(tmp_path)
+    tree_sweep.main(["--pair", "tiny", "--prompts", "code", "--limit", "1", "--max-new-tokens", "12",
+                     "--trees", "auto:4", "--max-nodes", "4", "--max-depth", "3", "--quiet"])
+    rows = [json.loads(line) for line in next(tmp_path.glob("results/tree_sweep-*.jsonl")).read_text().splitlines()]
+    auto = [r for r in rows if r.get("shape") == "auto:4"]
+    assert auto and all(len(r["round_detail"]) == r["rounds"] for r in auto)
+    assert all(len(step) == 6 and step[4] >= step[2] for r in auto for step in r["round_detail"])
+    snapshot = auto[0]["policy"]
+    assert snapshot["verify_cost"]["1"] == pytest.approx(1.0) and len(snapshot["chain_acceptance_by_depth"]) == 3
+    assert not any("round_detail" in r for r in rows if r.get("shape") != "auto:4")  # static shapes: no policy
