@@ -124,8 +124,8 @@ class AdaptiveK:
         self.target_step = StepTime(memory)  # seconds per K = 0 round
         self.draft_step = StepTime(memory)  # seconds per draft step
         self.slope = Decayed(memory)  # extra target steps per draft, beyond the draft steps themselves
-        self.round_fit = LineFit(memory)  # a round of K drafts, less 1: A K + B target steps
-        self.lead = Decayed(memory)  # l: extra target steps of a round led by two tokens
+        self.round_fit = LineFit(memory)  # seconds of a round of K drafts led by one token: A' K + B'
+        self.lead = Decayed(memory)  # l: seconds more when its first draft forward reads two tokens
         self.catch_up = Decayed(memory)  # b: target steps per skipped token the drafter spends catching up
         self._lag = 0  # tokens emitted by K = 0 rounds since the drafter last ran (it will have to read them)
         self._unread_prompt = 0  # prompt tokens the drafter skipped at this generation's prefill
