@@ -2,6 +2,8 @@
 they are the chain rules; on toy trees a chi-square with stated power, and a naive rule that fails), and the whole
 loop with trees on the tiny pair (greedy identity, coupled identity, the joint law of the first tokens)."""
 
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -59,7 +61,7 @@ def test_a_trie_is_numbered_breadth_first_with_distinct_siblings():
 
 def test_layout_sees_the_text_and_the_ancestors_only():
     parents = (-1, -1, 0)
-    positions, visible = tree.layout(parents, 1, 2, start=4)  # nodes 1 and 2; node 0 is cached at slot 4
+    positions, visible, _ = tree.layout(parents, 1, 2, start=4)  # nodes 1 and 2; node 0 is cached at slot 4
     assert positions.tolist() == [4, 5]  # depth 1 and depth 2 after a text of 4
     assert visible.tolist() == [[True] * 4 + [False, True, False], [True] * 4 + [True, False, True]]
     prefixed = tree.with_prefix(parents, 2)  # two uncached true tokens before the tree
@@ -81,7 +83,30 @@ def test_layouts_reach_the_device_without_waiting_for_it(monkeypatch):
 
     monkeypatch.setattr(torch.Tensor, "to", recording_to)
     layout = tree.layout((-1, -1, 0, 1), 0, 4, start=9, device="meta")
-    assert layout.visible.device.type == "meta" and copies == [True, True]
+    assert layout.visible.device.type == "meta" and copies == [True, True, True]  # window, positions, visible
+
+
+def test_a_layouts_window_is_its_mask_as_the_graph_kernels_read_it():
+    """`window` (made on the host) against the bits computed from `visible` on the device as the graph backend did
+    before, on random trees and texts, 64 slots and more: equal, and None exactly where a token hides a slot that
+    lies before the last 64."""
+    rng = random.Random(0)
+    checked = refused = 0
+    for _ in range(600):
+        n = rng.randint(1, 70)
+        parents = tuple(rng.randint(-1, i - 1) if rng.random() < 0.7 else i - 1 for i in range(n))
+        first = rng.randint(0, n - 1)
+        count = rng.randint(1, n - first)
+        layout = tree.layout(parents, first, count, start=rng.randint(0, 200))
+        end = layout.visible.shape[1]
+        base = max(0, end - 64)
+        bits = (layout.visible[:, base:].long() << torch.arange(end - base)).sum(1)
+        expressible = bool(layout.visible[:, :base].all())
+        assert (layout.window is not None) == expressible
+        if expressible:
+            assert layout.window.tolist() == [base, *bits.tolist()]
+        checked, refused = checked + expressible, refused + (not expressible)
+    assert checked > 500 and refused > 0  # both cases met
 
 
 def test_lookup_offers_several_continuations():
@@ -364,6 +389,7 @@ TEXTS = [list(b"def add(a, b):"), list(b"The quick brown fox"), list(b"for i in 
 def test_a_dynamic_tree_reads_its_scores_back_once_a_depth(tiny, monkeypatch):
     """A dynamic tree chooses each depth's frontier on the host, from its candidates' scores: one device -> host
     copy a depth, not one a node (on a GPU each waits for the device; 12 a round at dynamic:15:4 before)."""
+    tiny.draft.reset()
     reads = []
     tolist = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(self.numel()) or tolist(self))

@@ -426,6 +426,11 @@ class GraphModel:
         if n > MAX_TREE_TOKENS:
             raise ModelError(f"{self.name}: a tree forward takes at most {MAX_TREE_TOKENS} tokens (64 nodes and the "
                              f"token they grow from), got {n}")
+        if layout.window is not None:  # the mask made on the host (spec.tree.window_bits): one copy
+            window, positions = layout.window.to(self.device), layout.positions.to(self.device)
+            self.tree[: n + 1].copy_(window)
+            self.tree_positions[:n].copy_(positions)
+            return window[1:], positions
         base = max(0, end - 64)
         visible = layout.visible.to(self.device)
         bits = (visible[:, base:].long() << torch.arange(end - base, device=self.device)).sum(1)  # distinct bits
