@@ -579,3 +579,25 @@ def test_prepare_measures_where_packed_weights_go_stepwise(tiny, monkeypatch):
         monkeypatch.setattr(model, "_replay_ms", lambda n, span, timed=timed: timed.append(n) or measured[n])
         model.prepare(5, 100)
         assert model.stepwise == want and timed == ([] if quant == "none" else [1, 2, 3, 4, 5])
+
+
+def test_draft_quant_agreement_is_teacher_forced_on_the_text():
+    """benchmarks/cpu/draft_quant.py's `agreement`: the target reading its own greedy text agrees everywhere (an
+    off-by-one in the rows it compares would not); the tiny draft, nearly everywhere but not quite."""
+    import importlib.util
+    from pathlib import Path
+
+    from spec.drafters import NoDrafter
+    from spec.loop import generate
+    from spec.models import load_pair as load
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu" / "draft_quant.py"
+    spec_ = importlib.util.spec_from_file_location("draft_quant_script", path)
+    script = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(script)
+    pair = load("tiny", device="cpu")
+    prompt = list(b"def add(a, b):")
+    text = generate(pair.target, NoDrafter(), prompt, 24, k=0).tokens
+    assert script.agreements(pair.target, prompt, text) == [True] * 24
+    draft = script.agreements(pair.draft, prompt, text)
+    assert len(draft) == 24 and 0 < sum(draft) < 24

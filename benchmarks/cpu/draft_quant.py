@@ -1,11 +1,18 @@
 """Quantized drafts side by side, one process: for each draft format, one product's time, a draft step's time and c,
 then plain and speculative greedy decoding on the same prompts (identity, alpha-hat, tokens per round, tok/s,
-speedup).
+speedup), and each draft's agreement with the target on one and the same text.
 
     python benchmarks/cpu/draft_quant.py --pair qwen-coder --prompts short,code --limit 3 --max-new-tokens 64
 
 Each format loads the pair again (the target from the user cache, the draft quantized as it loads), so every
 speedup is over plain decoding measured in the same load. Rows go to results/draft_quant-<time>.jsonl as they come.
+
+Alpha-hat is measured on each run's own text, and a bf16 near-tie of the target sends runs of different drafts
+through different texts after it, so alpha-hats of two formats differ by more than their drafts do. `agreement` does
+not: every format's draft reads the same texts (the first format's speculative outputs, the target's greedy text up
+to its near-ties) in one forward, and counts the positions where its argmax is the text's next token, which is what
+greedy speculation accepts. `agreement_vs_first` is the difference from the first format on those same positions,
+with its paired standard error sqrt(positions where exactly one of the two agrees) / positions.
 """
 
 from __future__ import annotations
@@ -24,8 +31,8 @@ from spec.models import chat_ids  # noqa: E402
 from spec.models.quant import QUANTS  # noqa: E402
 
 COLUMNS = [("quant", ""), ("prompts", ""), ("draft_step_ms", ".1f"), ("c", ".3f"), ("identical", ""),
-           ("alpha", ".3f"), ("tokens_per_round", ".2f"), ("plain_tok_s", ".2f"), ("spec_tok_s", ".2f"),
-           ("speedup", ".2f")]
+           ("alpha", ".3f"), ("agreement", ".3f"), ("agreement_vs_first", "+.3f"), ("agreement_se", ".3f"),
+           ("tokens_per_round", ".2f"), ("plain_tok_s", ".2f"), ("spec_tok_s", ".2f"), ("speedup", ".2f")]
 
 
 def product_ms(scheme: str, n: int = 4864, k: int = 896, trials: int = 200, tokens: int = 1) -> float:
@@ -47,6 +54,17 @@ def product_ms(scheme: str, n: int = 4864, k: int = 896, trials: int = 200, toke
         for _ in range(trials):
             layer(x)
     return (time.perf_counter() - start) / trials * 1e3
+
+
+def agreements(model, prompt: list[int], text: list[int]) -> list[bool]:
+    """Teacher-forced: at each position of `text` after `prompt`, whether the model's argmax is the text's token."""
+    import torch
+
+    model.reset()
+    with torch.inference_mode():
+        logits = model.forward(prompt + text[:-1], keep=len(text))
+    model.reset()
+    return (logits.argmax(-1).cpu() == torch.tensor(text)).tolist()
 
 
 def step_ms(model, context: list[int], trials: int) -> float:
@@ -81,6 +99,7 @@ def main(argv=None) -> dict:
     print("one [1, 896] x [896, 4864] bf16 product (CPU): " +
           ", ".join(f"{q} {ms:.3f} ms" for q, ms in products.items()))
     results, summary = Results("draft_quant"), []
+    texts, first_agrees = {}, {}  # the first format's outputs (prompt ids, text), and its agreement there
     sets = {name: load_prompts(name)[: args.limit] for name in args.prompts.split(",")}
     for quant in quants:
         args.draft_quant = quant
@@ -94,6 +113,12 @@ def main(argv=None) -> dict:
         for name, prompts in sets.items():
             rows = [results.add({"quant": quant, "set": name, **run_prompt(pair, p, Setup(k=args.k, max_new_tokens=
                                  args.max_new_tokens), args.k)}) for p in prompts]
+            agree = []
+            for p, r in zip(prompts, rows):
+                ids, text = texts.setdefault(p["id"], (chat_ids(pair.tokenizer, p["prompt"]), r["spec_tokens"]))
+                agree += agreements(pair.draft, ids, text)
+            first = first_agrees.setdefault(name, agree)
+            discordant = sum(a != b for a, b in zip(agree, first))
             drafted = sum(r["spec"]["drafted"] for r in rows)
             tokens, plain_s, spec_s = (sum(r[key] for r in rows) for key in ("tokens", "plain_s", "spec_s"))
             summary.append({
@@ -102,6 +127,8 @@ def main(argv=None) -> dict:
                 "stepwise": getattr(pair.draft, "stepwise", 0),  # forwards of up to this many tokens run as steps
                 "identical": all(r["identical"] for r in rows),
                 "alpha": sum(r["spec"]["accepted"] for r in rows) / drafted if drafted else float("nan"),
+                "agreement": sum(agree) / len(agree), "agreement_vs_first": (sum(agree) - sum(first)) / len(agree),
+                "agreement_se": discordant ** 0.5 / len(agree), "positions": len(agree),
                 "tokens_per_round": tokens / sum(r["spec"]["rounds"] for r in rows),
                 "plain_tok_s": sum(r["plain_tokens"] for r in rows) / plain_s, "spec_tok_s": tokens / spec_s,
             })
