@@ -7,23 +7,21 @@ Its estimates are ratios of exponentially decayed sums, so they mostly reflect t
 - c: seconds per draft step / seconds per target step. Target steps are timed on K = 0 rounds (one 1-token forward),
   draft steps on rounds whose drafter had no text to catch up on.
 - s, the verify slope: a round of K drafts, less its draft steps, costs (1 + s K) target steps.
-- what a speculative round costs as a whole, in seconds: B' + A' K (A': a draft step and a verified token; B': the
-  target's step and what a round pays once: its draft phase's launch and wait, its rule), fitted (`LineFit`) to
-  rounds whose drafter was in step with the text and read one token first. In target steps, A = A' / t and
-  B = B' / t - 1 with t the current target step (kept in seconds, the fit follows a machine that changes speed as
-  soon as t does). Until two Ks have been timed, A = c + s and B = 0: the per-draft pricing.
 - l, the lead: seconds a round's first draft forward costs beyond a draft step when it reads two tokens, which it
   does after a round that kept all its drafts (the last draft was never fed to the drafter, and the bonus follows).
+  Such a round teaches c its draft time less the lead, so that c stays the price of a draft step.
 
-Both come from the real Qwen pair on an H200 (benchmarks/h200/real-qwen/, session 14), where the policy settled on
-K = 1 at 1.05x while K = 4 ran 1.30x and K = 6 1.42x. Its rounds, timed: a round led by one token drafts in 0.88 /
-1.55 / 2.19 ms at K = 1 / 2 / 3 (0.65 ms a step plus 0.23 ms once), one led by two tokens 0.28 ms more, and
-verifying costs 0.17 ms more than a plain round plus 0.07 ms a draft (target step 1.71 ms). Priced per draft step
-at K = 1 (c 0.51-0.67 with the lead mixed in, s 0.10) every K above 1 looked dear; priced as B + A K + alpha^K l
-(B 0.23, A 0.42, l 0.16 target steps) the best K is 5-6, as measured (tests/test_policy.py replays that world).
+The lead comes from the real Qwen pair on an H200 (benchmarks/h200/real-qwen/, session 14), where the policy settled
+on K = 1-2 at 1.05x while K = 4 ran 1.30x and K = 6 1.42x. Its rounds, timed: led by one token, a round drafts in
+0.88 / 1.55 / 2.19 ms at K = 1 / 2 / 3; led by two, 0.28 ms more (target step 1.71 ms). At K = 1 almost every round
+keeps its draft and so leads with two tokens, and priced as a draft step that made c read 0.54-0.67 instead of 0.51.
+The rest of the gap is what a round pays once (0.23 ms of drafting, 0.17 ms of verifying beyond a plain step), which
+c and s spread over the K they were timed at, so every K above it looks a little dear; fitting it apart (B + A K)
+needs rounds at several Ks, and a fit that trusted too few of them locked K at 1 after a machine sped up (a review's
+simulation), so it is left out (docs/tuning.md).
 
-Every round it picks the K in 0..max_k that maximises the predicted speedup `spec.calc.speedup(alpha, K, A,
-1 + B + alpha^K l)`.
+Every round it picks the K in 0..max_k that maximises the predicted speedup `spec.calc.speedup(alpha, K, c,
+1 + s K + alpha^K l)` (l in target steps).
 K = 0 (speculation off) wins when no K beats plain decoding even with alpha one standard error above its estimate
 (`hopeful_alpha`): off is decided on evidence, not on the first few positions judged. Times are whole rounds
 (`total_s`), so the loop's own overhead is counted where it falls.
@@ -124,8 +122,7 @@ class AdaptiveK:
         self.target_step = StepTime(memory)  # seconds per K = 0 round
         self.draft_step = StepTime(memory)  # seconds per draft step
         self.slope = Decayed(memory)  # extra target steps per draft, beyond the draft steps themselves
-        self.round_fit = LineFit(memory)  # seconds of a round of K drafts led by one token: A' K + B'
-        self.lead = Decayed(memory)  # l: seconds more when its first draft forward reads two tokens
+        self.lead = Decayed(memory)  # l: seconds more when a round's first draft forward reads two tokens
         self.catch_up = Decayed(memory)  # b: target steps per skipped token the drafter spends catching up
         self._lag = 0  # tokens emitted by K = 0 rounds since the drafter last ran (it will have to read them)
         self._unread_prompt = 0  # prompt tokens the drafter skipped at this generation's prefill
@@ -161,16 +158,10 @@ class AdaptiveK:
         return best if best[0] else calc.best_k(self.hopeful_alpha(), per_draft, self.max_k, verify)
 
     def _round_costs(self) -> tuple[float, dict[int, float]]:
-        """(A, {K: 1 + B + alpha^K l}) in target steps: a round of K drafts costs A K + verify[K]. Until two Ks
-        have been timed, A = c + s and B = 0."""
+        """(c, {K: 1 + s K + alpha^K l}) in target steps: a round of K drafts costs c K + verify[K]."""
         alpha, c, s = self.estimates()
-        t = self.target_step.value
-        per_draft, once = c + s, 0.0
-        if self.round_fit.separated:
-            per_draft_s, once_s = self.round_fit.coef()
-            per_draft, once = per_draft_s / t, max(0.0, once_s / t - 1)
-        lead = (self.lead.value or 0.0) / t
-        return per_draft, {k: 1 + once + alpha ** k * lead for k in range(1, self.max_k + 1)}
+        lead = (self.lead.value or 0.0) / self.target_step.value
+        return c, {k: 1 + s * k + alpha ** k * lead for k in range(1, self.max_k + 1)}
 
     def hopeful_alpha(self) -> float:
         """Alpha plus OPTIMISM standard errors of its estimate, sqrt(a (1 - a) / n) over the n judged positions it
@@ -265,13 +256,13 @@ class AdaptiveK:
             return
         rejected = 1 if rnd.accepted < rnd.drafted else 0
         self.alpha.add(rnd.accepted, rnd.accepted + rejected)
-        led_by_two = rnd.forwards[:1] == (2,)  # the last round kept all its drafts (spec.drafters.ModelDrafter)
-        if self._lag == 0 and led_by_two and t_draft:
-            self.lead.add(max(0.0, rnd.draft_s - rnd.drafted * t_draft), 1)
-        elif self._lag == 0:
-            self.draft_step.add(rnd.draft_s, rnd.drafted)
-            if self.draft_step.count > 1:  # not the first draft round: it may have paid for a capture (StepTime)
-                self.round_fit.add(rnd.drafted, 1.0, rnd.total_s)
+        if self._lag == 0:
+            draft_s = rnd.draft_s
+            if rnd.forwards[:1] == (2,) and t_draft and self.draft_step.count > 1:  # led by two tokens: the last
+                # round kept all its drafts (spec.drafters.ModelDrafter). Its extra is the lead; c learns the rest.
+                self.lead.add(max(0.0, rnd.draft_s - rnd.drafted * t_draft), 1)
+                draft_s = max(rnd.draft_s - self.lead.value, 0.5 * rnd.draft_s)
+            self.draft_step.add(draft_s, rnd.drafted)
         elif t_target and t_draft:
             # Capped at one draft step per skipped token (reading them one by one); a hiccup above it is noise.
             extra = max(0.0, rnd.draft_s - rnd.drafted * t_draft) / t_target
@@ -298,12 +289,6 @@ class LineFit:
     def add(self, x1: float, x2: float, y: float) -> None:
         for i, v in enumerate((x1 * x1, x1 * x2, x2 * x2, x1 * y, x2 * y, y * y)):
             self.sums[i] = self.sums[i] * self.decay + v
-
-    @property
-    def separated(self) -> bool:
-        """Whether the observations tell the two terms apart (x2 / x1 has not been constant)."""
-        s11, s12, s22 = self.sums[:3]
-        return s11 > 0 and s22 > 0 and s11 * s22 - s12 * s12 > 1e-9 * s11 * s22
 
     def coef(self) -> tuple[float, float] | None:
         s11, s12, s22, s1y, s2y, syy = self.sums

@@ -322,11 +322,12 @@ def rounds_priced_like_the_h200(policy, alpha, rounds=600, seed=0):
 
 
 def test_a_rounds_fixed_costs_and_its_two_token_lead_are_priced_apart_from_its_drafts():
-    """On the H200 the policy settled on K = 1-2 at 1.05x while K = 4 ran 1.30x and K = 6 1.42x: it priced every
-    draft step at what a round costs per draft at K = 1, its fixed costs and its two-token lead included. In that
-    cost world (alpha 0.91, i.i.d.) the formula's best K is 5 at 1.40x; over 10 seeds the per-draft pricing settles
-    on K = 3 and runs 1.26x (s.e. 0.011), pricing B + A K + alpha^K l settles on 5 and runs 1.35x (s.e. 0.006). The
-    bound 1.31 sits 4 s.e. from either."""
+    """On the H200 the policy settled on K = 1-2 at 1.05x while K = 4 ran 1.30x and K = 6 1.42x: it priced a draft
+    step at what the round's drafting cost per draft, and at K = 1 nearly every round leads with two tokens. In that
+    cost world (alpha 0.91, i.i.d.) the formula's best K is 5 at 1.40x; over 10 seeds the lead mixed into c settles
+    on K = 3 and runs 1.26x (s.e. 0.011), the lead priced apart on K = 4 at 1.33x (s.e. 0.007). The bound 1.30 sits
+    3 s.e. or more from either. (Fitting the round's fixed costs apart too ran 1.35x here, but locked K at 1 after a
+    machine sped up in a review's simulation: left out.)"""
     def truth(k):
         return calc.expected_tokens(0.91, k) / (0.13 + 0.38 * k + 0.91 ** k * 0.16 + 1.10 + 0.04 * k) if k else 1.0
 
@@ -334,4 +335,4 @@ def test_a_rounds_fixed_costs_and_its_two_token_lead_are_priced_apart_from_its_d
     runs = [rounds_priced_like_the_h200(AdaptiveK(max_k=8), 0.91, seed=seed) for seed in range(10)]
     settled = Counter(k for _, chosen in runs for k in chosen[100:])
     assert best == 5 and abs(max((k for k in settled if k), key=settled.get) - best) <= 1
-    assert statistics.mean(speedup for speedup, _ in runs) >= 1.31
+    assert statistics.mean(speedup for speedup, _ in runs) >= 1.30

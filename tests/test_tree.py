@@ -387,8 +387,9 @@ TEXTS = [list(b"def add(a, b):"), list(b"The quick brown fox"), list(b"for i in 
 
 
 def test_a_dynamic_tree_reads_its_scores_back_once_a_depth(tiny, monkeypatch):
-    """A dynamic tree chooses each depth's frontier on the host, from its candidates' scores: one device -> host
-    copy a depth, not one a node (on a GPU each waits for the device; 12 a round at dynamic:15:4 before)."""
+    """A greedy dynamic tree chooses each depth's frontier on the host, from its candidates' scores: one device ->
+    host copy a depth, not one a node (on a GPU each waits for the device; 13 here before). (Sampled, each node
+    still reads back how many tokens it can draw without replacement: docs/trees.md, Not yet.)"""
     tiny.draft.reset()
     reads = []
     tolist = torch.Tensor.tolist

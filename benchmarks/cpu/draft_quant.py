@@ -57,9 +57,12 @@ def product_ms(scheme: str, n: int = 4864, k: int = 896, trials: int = 200, toke
 
 
 def agreements(model, prompt: list[int], text: list[int]) -> list[bool]:
-    """Teacher-forced: at each position of `text` after `prompt`, whether the model's argmax is the text's token."""
+    """Teacher-forced: at each position of `text` after `prompt`, whether the model's argmax is the text's token.
+    One forward over the whole text (a prompt's path, not the decoding steps' own: a near-tie can fall either way)."""
     import torch
 
+    if not text:
+        return []
     model.reset()
     with torch.inference_mode():
         logits = model.forward(prompt + text[:-1], keep=len(text))
@@ -127,8 +130,9 @@ def main(argv=None) -> dict:
                 "stepwise": getattr(pair.draft, "stepwise", 0),  # forwards of up to this many tokens run as steps
                 "identical": all(r["identical"] for r in rows),
                 "alpha": sum(r["spec"]["accepted"] for r in rows) / drafted if drafted else float("nan"),
-                "agreement": sum(agree) / len(agree), "agreement_vs_first": (sum(agree) - sum(first)) / len(agree),
-                "agreement_se": discordant ** 0.5 / len(agree), "positions": len(agree),
+                "agreement": sum(agree) / max(1, len(agree)),
+                "agreement_vs_first": (sum(agree) - sum(first)) / max(1, len(agree)),
+                "agreement_se": discordant ** 0.5 / max(1, len(agree)), "positions": len(agree),
                 "tokens_per_round": tokens / sum(r["spec"]["rounds"] for r in rows),
                 "plain_tok_s": sum(r["plain_tokens"] for r in rows) / plain_s, "spec_tok_s": tokens / spec_s,
             })
