@@ -190,8 +190,9 @@ class DrawScoredDrafter(ModelDrafter):
     away from p. The correct drafter scores the j-th draw by the j-th largest probability (spec/drafters.py)."""
 
     @staticmethod
-    def _children(row, path, depth, branching, decoding, generator, scored=False):
-        picked, q, slots = ModelDrafter._children(row, path, depth, branching, decoding, generator, scored)
+    def _children(row, path, depth, branching, decoding, generator, scored=False, q=None, available=None):
+        picked, q, slots = ModelDrafter._children(row, path, depth, branching, decoding, generator, scored, q,
+                                                  available)
         if scored and q is not None:
             slots = q[picked]
         return picked, q, slots

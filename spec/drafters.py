@@ -118,9 +118,15 @@ class ModelDrafter:
         for depth in range(depth_limit):
             made = []
             branching = min(plan.width, plan.budget) if dynamic else plan[depth]
-            expanded = [(node, *self._children(row, [tokens[a] for a in tree.ancestry(parents, node)], depth,
-                                               branching, decoding, generator, dynamic))
-                        for row, node in zip(rows, frontier)]
+            paths = [[tokens[a] for a in tree.ancestry(parents, node)] for node in frontier]
+            qs = counts = [None] * len(frontier)
+            if not decoding.deterministic:  # q of every node first (no randomness used), then one read of how many
+                # tokens each can draw without replacement, not one read a node
+                qs = [decoding.probs(row[None], path, start=depth)[0] for row, path in zip(rows, paths)]
+                if branching > 1:
+                    counts = torch.stack([(q > 0).sum() for q in qs]).tolist()
+            expanded = [(node, *self._children(row, path, depth, branching, decoding, generator, dynamic, q, count))
+                        for row, node, path, q, count in zip(rows, frontier, paths, qs, counts)]
             if dynamic:  # the whole depth's slot probabilities in one device -> host copy, not one per node
                 flat = torch.cat([probs for *_, probs in expanded]).tolist()
                 cuts = list(itertools.accumulate(len(probs) for *_, probs in expanded))
@@ -169,19 +175,22 @@ class ModelDrafter:
         return sorted(worth[: plan.width])
 
     @staticmethod
-    def _children(row, path, depth, branching, decoding, generator, scored=False):
+    def _children(row, path, depth, branching, decoding, generator, scored=False, q=None, available=None):
         """(children [b], q or None, slot probabilities [b] or None, on the device) of one node from its row of
         logits [V]. The slot probabilities (with `scored`) are the node's b largest probabilities, best first: what
-        a dynamic tree scores its children by (see the class docstring for why not q of the drawn token)."""
+        a dynamic tree scores its children by (see the class docstring for why not q of the drawn token). Sampling:
+        `q`, the node's warped distribution, and `available`, how many tokens it gives a probability above 0, if the
+        caller has them already (else they are computed here, the second with a device -> host read)."""
         if decoding.deterministic:
             scores = decoding.scores(row[None], path, start=depth)[0]
             picked = scores.argmax(-1, keepdim=True) if branching == 1 else scores.topk(branching).indices
             return picked, None, scores.softmax(-1)[picked] if scored else None
-        q = decoding.probs(row[None], path, start=depth)[0]
+        q = decoding.probs(row[None], path, start=depth)[0] if q is None else q
         if branching == 1:
             picked = sample(q, generator).view(1)
         else:
-            picked = torch.multinomial(q, min(branching, int((q > 0).sum())), replacement=False, generator=generator)
+            available = int((q > 0).sum()) if available is None else available
+            picked = torch.multinomial(q, min(branching, available), replacement=False, generator=generator)
         return picked, q, q.topk(len(picked)).values if scored else None
 
     def rollback(self, length, path=()):

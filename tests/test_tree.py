@@ -387,16 +387,20 @@ TEXTS = [list(b"def add(a, b):"), list(b"The quick brown fox"), list(b"for i in 
 
 
 def test_a_dynamic_tree_reads_its_scores_back_once_a_depth(tiny, monkeypatch):
-    """A greedy dynamic tree chooses each depth's frontier on the host, from its candidates' scores: one device ->
-    host copy a depth, not one a node (on a GPU each waits for the device; 13 here before). (Sampled, each node
-    still reads back how many tokens it can draw without replacement: docs/trees.md, Not yet.)"""
-    tiny.draft.reset()
+    """A dynamic tree chooses each depth's frontier on the host, from its candidates' scores: one device -> host
+    copy a depth, not one a node (on a GPU each waits for the device; 13 here before, greedy). Sampled, a depth also
+    reads how many tokens each node can draw without replacement, once (13 more before)."""
     reads = []
-    tolist = torch.Tensor.tolist
-    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(self.numel()) or tolist(self))
-    drafter, k = ModelDrafter(tiny.draft, tree.Dynamic(16, 4)), 4
-    draft = drafter.propose(TEXTS[0], k, Decoding(Sampling()), None)
-    assert len(draft.forwards) == k and len(reads) == k  # k depths of candidates, each scored in one copy
+    tolist, as_int = torch.Tensor.tolist, torch.Tensor.__int__
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append("tolist") or tolist(self))
+    monkeypatch.setattr(torch.Tensor, "__int__", lambda self: reads.append("int") or as_int(self))
+    k = 4
+    for sampling, per_depth in ((Sampling(), 1), (Sampling(1.0), 2)):
+        tiny.draft.reset()
+        reads.clear()
+        drafter = ModelDrafter(tiny.draft, tree.Dynamic(16, 4))
+        draft = drafter.propose(TEXTS[0], k, Decoding(sampling), torch.Generator().manual_seed(0))
+        assert len(draft.forwards) == k and len(reads) == per_depth * k, reads
     tiny.draft.reset()
 
 
