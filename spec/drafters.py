@@ -119,7 +119,7 @@ class ModelDrafter:
             made = []
             branching = min(plan.width, plan.budget) if dynamic else plan[depth]
             paths = [[tokens[a] for a in tree.ancestry(parents, node)] for node in frontier]
-            qs = counts = [None] * len(frontier)
+            qs, counts = [None] * len(frontier), [None] * len(frontier)
             if not decoding.deterministic:  # q of every node first (no randomness used), then one read of how many
                 # tokens each can draw without replacement, not one read a node
                 qs = [decoding.probs(row[None], path, start=depth)[0] for row, path in zip(rows, paths)]
