@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 import torch
 
+from spec.models.kernels import tree_mask
+
 MAX_NODES = 64  # the most nodes a tree may have (the verify forward scores nodes + 1 rows)
 
 
@@ -204,54 +206,56 @@ class Draft(NamedTuple):
         return self.parents is None or is_chain(self.parents)
 
 
-WINDOW = 64  # slots a tree forward's mask bits cover: the last 64 of the text, one bit each in an int64
+class Layout:
+    """Where the tokens of one forward sit in the tree: nodes first .. first+count-1 of a tree whose node i sits at
+    cache slot start + i (nodes before `first` are cached already); each sees slots [0, start) (the true text), its
+    ancestors and itself.
 
+    - `positions` [count]: each token's RoPE position (start - 1 + its depth);
+    - `window` [1 + count] (int64): the mask as the graph backend's kernels read it, made on the host
+      (`window_bits`): the first slot of the last WINDOW, then for each token a bit per slot from there (slot
+      base + j is bit j; bit 63 is the sign bit); None where a token hides a slot before that window;
+    - `visible` [count, start + first + count] (bool): the same mask as a matrix, for the eager backend's attention
+      mask; built when first read (about 130 µs of Python for 17 tokens, which the graph backend never needs);
+    - `shape`: visible's shape, without building it.
 
-class Layout(NamedTuple):
-    """Where the tokens of one forward sit in the tree: RoPE `positions` [n] and `visible` [n, start + first + n]
-    (bool: which cache slots each attends). `window` [1 + n] (int64) is the same mask as the graph backend's kernels
-    read it: the first slot of the last WINDOW, then for each token a bit per slot from there (slot base + j is bit
-    j; bit 63 is the sign bit); None where a token hides a slot before that window, which those kernels cannot
-    express."""
+    Device tensors are copied without blocking, like the loop's token ids: a blocking copy to a GPU first waits
+    for everything queued there, and a tree round builds a layout for each draft depth and for the verify, so the
+    CPU stopped running ahead of the GPU that many times a round (the graph backend's tree rounds on an H200 cost
+    about 1 ms more than their forwards, session 14). From pageable memory the copy is staged at once and waits for
+    nothing."""
 
-    positions: torch.Tensor
-    visible: torch.Tensor
-    window: torch.Tensor | None = None
+    def __init__(self, parents: Sequence[int], first: int, count: int, start: int, device=None):
+        self.parents, self.first, self.count, self.start, self.device = tuple(parents), first, count, start, device
+        depth = depths(parents)
+        positions = [start - 1 + depth[node] for node in range(first, first + count)]
+        self.positions = torch.tensor(positions, dtype=torch.long).to(device, non_blocking=True)
+        bits = window_bits(parents, first, count, start)
+        self.window = None if bits is None else torch.tensor(bits, dtype=torch.long).to(device, non_blocking=True)
+        self.shape = (count, start + first + count)
+        self._visible = None
+
+    @property
+    def visible(self) -> torch.Tensor:
+        if self._visible is None:
+            visible = torch.zeros(self.shape, dtype=torch.bool)
+            visible[:, : self.start] = True
+            for row, node in enumerate(range(self.first, self.first + self.count)):
+                visible[row, [self.start + a for a in ancestry(self.parents, node)]] = True
+            self._visible = visible.to(self.device, non_blocking=True)
+        return self._visible
 
 
 def layout(parents: Sequence[int], first: int, count: int, start: int, device=None) -> Layout:
-    """The layout of nodes first .. first+count-1 of a tree whose node i sits at cache slot start + i (nodes before
-    `first` are cached already). Each sees slots [0, start) (the true text), its ancestors and itself."""
-    depth = depths(parents)
-    visible = torch.zeros(count, start + first + count, dtype=torch.bool)
-    visible[:, :start] = True
-    for row, node in enumerate(range(first, first + count)):
-        visible[row, [start + a for a in ancestry(parents, node)]] = True
-    positions = torch.tensor([start - 1 + depth[node] for node in range(first, first + count)], dtype=torch.long)
-    bits = window_bits(parents, first, count, start)
-    window = None if bits is None else torch.tensor(bits, dtype=torch.long).to(device, non_blocking=True)
-    # Copied without blocking, like the loop's token ids: a blocking copy to a GPU first waits for everything queued
-    # there, and a tree round builds a layout for each draft depth and for the verify, so the CPU stopped running
-    # ahead of the GPU that many times a round (the graph backend's tree rounds on an H200 cost about 1 ms more than
-    # their forwards, session 14). From pageable memory the copy is staged at once and waits for nothing.
-    return Layout(positions.to(device, non_blocking=True), visible.to(device, non_blocking=True), window)
+    """The `Layout` of nodes first .. first+count-1 of a tree whose node i sits at cache slot start + i."""
+    return Layout(parents, first, count, start, device)
 
 
 def window_bits(parents: Sequence[int], first: int, count: int, start: int) -> list[int] | None:
-    """`Layout.window` of nodes first .. first+count-1 (as `layout` places them), made on the host: [base, bits of
-    each node], or None if a node hides a slot before base. Made here, the graph backend loads a tree's mask with
-    one copy instead of computing it from `visible` with a handful of kernels before every tree forward."""
-    end = start + first + count
-    base = max(0, end - WINDOW)
-    text = (1 << (start - base)) - 1 if start > base else 0  # the true text's slots in the window: all seen
-    out = [base]
-    for node in range(first, first + count):
-        seen = [start + a for a in ancestry(parents, node)]
-        if base > start and set(range(start, base)) - set(seen):
-            return None
-        bits = text | sum(1 << (slot - base) for slot in seen if slot >= base)
-        out.append(bits - (1 << 64) if bits >= 1 << 63 else bits)  # as int64: bit 63 is the sign bit
-    return out
+    """`Layout.window` of nodes first .. first+count-1 (as `Layout` places them), made on the host
+    (spec.models.kernels.tree_mask): the graph backend loads a tree's mask with one copy."""
+    seen = [[start + a for a in ancestry(parents, node)] for node in range(first, first + count)]
+    return tree_mask(seen, start, start + first + count)
 
 
 def from_paths(paths: Sequence[Sequence[int]]) -> tuple[list[int], tuple[int, ...]]:

@@ -61,7 +61,8 @@ def test_a_trie_is_numbered_breadth_first_with_distinct_siblings():
 
 def test_layout_sees_the_text_and_the_ancestors_only():
     parents = (-1, -1, 0)
-    positions, visible, _ = tree.layout(parents, 1, 2, start=4)  # nodes 1 and 2; node 0 is cached at slot 4
+    laid = tree.layout(parents, 1, 2, start=4)  # nodes 1 and 2; node 0 is cached at slot 4
+    positions, visible = laid.positions, laid.visible
     assert positions.tolist() == [4, 5]  # depth 1 and depth 2 after a text of 4
     assert visible.tolist() == [[True] * 4 + [False, True, False], [True] * 4 + [True, False, True]]
     prefixed = tree.with_prefix(parents, 2)  # two uncached true tokens before the tree

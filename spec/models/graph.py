@@ -419,28 +419,20 @@ class GraphModel:
     def _load_tree(self, layout, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A token tree's layout into the buffers the kernels read: `self.tree` = [base, a bit per slot of the last
         64 for each token], `self.tree_positions`; returns (bits [n], positions [n]) for forwards in chunks."""
-        end = self.length + n
-        if tuple(layout.visible.shape) != (n, end) or layout.positions.shape[0] != n:
-            raise ModelError(f"{self.name}: a tree layout of {tuple(layout.visible.shape)} does not fit {n} tokens "
-                             f"after {self.length} cached ones")
+        if layout.shape != (n, self.length + n):
+            raise ModelError(f"{self.name}: a tree layout of {layout.shape} does not fit {n} tokens after "
+                             f"{self.length} cached ones")
         if n > MAX_TREE_TOKENS:
             raise ModelError(f"{self.name}: a tree forward takes at most {MAX_TREE_TOKENS} tokens (64 nodes and the "
                              f"token they grow from), got {n}")
-        if layout.window is not None:  # the mask made on the host (spec.tree.window_bits): one copy
-            window, positions = layout.window.to(self.device), layout.positions.to(self.device)
-            self.tree[: n + 1].copy_(window)
-            self.tree_positions[:n].copy_(positions)
-            return window[1:], positions
-        base = max(0, end - 64)
-        visible = layout.visible.to(self.device)
-        bits = (visible[:, base:].long() << torch.arange(end - base, device=self.device)).sum(1)  # distinct bits
-        if base:  # slots before the window must be visible to every node: checked on the device, without a sync
-            torch._assert_async(visible[:, :base].all(), "a tree's hidden slots must lie in the last 64 of the text")
-        positions = layout.positions.to(self.device)
-        self.tree[0] = base
-        self.tree[1 : n + 1].copy_(bits)
+        if layout.window is None:
+            raise ModelError(f"{self.name}: a tree's hidden slots must lie in the last {kernels.TREE_WINDOW} slots "
+                             "of the text")
+        # the mask made on the host with the layout (kernels.tree_mask): one copy, no kernels to compute it
+        window, positions = layout.window.to(self.device), layout.positions.to(self.device)
+        self.tree[: n + 1].copy_(window)
         self.tree_positions[:n].copy_(positions)
-        return bits, positions
+        return window[1:], positions
 
     def _prefill(self, ids: torch.Tensor, keep: int, tree: tuple[torch.Tensor, torch.Tensor] | None = None
                  ) -> torch.Tensor:
@@ -494,8 +486,8 @@ class GraphModel:
             shapes += [(n, span, True) for n in range(1, min(tree_tokens, MAX_GRAPH_TOKENS, span.shape[0]) + 1)]
         if tree_tokens:  # the warm-up runs read the tree buffers: a chain's mask (token i sees slots 0..i)
             widest = min(tree_tokens, MAX_GRAPH_TOKENS)
-            self.tree[0] = 0
-            self.tree[1 : widest + 1].copy_(torch.tensor([(1 << (i + 1)) - 1 if i < 63 else -1 for i in range(widest)]))
+            chain_mask = kernels.tree_mask([range(i + 1) for i in range(widest)], 0, widest)
+            self.tree[: widest + 1].copy_(torch.tensor(chain_mask))
             self.tree_positions[:widest].copy_(torch.arange(widest))
         if self.fused_tokens and not self.compiled:
             # The captures' kernel variants (~40 a model, a few per product shape and per span), compiled all at

@@ -30,6 +30,7 @@ import functools
 import json
 import os
 import re
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -66,12 +67,31 @@ def _chunk(span: int) -> int:
     return min(128, max(32, _pow2(span // 32)))
 
 
+TREE_WINDOW = 64  # slots a tree forward's mask bits cover: the last 64 of the text, one bit each in an int64
+
+
+def tree_mask(seen: Sequence[Sequence[int]], start: int, end: int) -> list[int] | None:
+    """The tree mask the kernels read (`tree_visible`), made on the host: [base, bits of each token], base = the
+    first of the last TREE_WINDOW slots before `end`; token i sees every slot before `start` (the true text) and the
+    slots in seen[i] (>= start: its ancestors and itself). None where a token hides a slot before base, which the
+    mask cannot express. Bit j stands for slot base + j; bit 63 is the int64 sign bit."""
+    base = max(0, end - TREE_WINDOW)
+    text = (1 << (start - base)) - 1 if start > base else 0  # the true text's slots in the window: all seen
+    out = [base]
+    for slots in seen:
+        if base > start and set(range(start, base)) - set(slots):
+            return None
+        bits = text | sum(1 << (slot - base) for slot in slots if slot >= base)
+        out.append(bits - (1 << 64) if bits >= 1 << 63 else bits)
+    return out
+
+
 def tree_visible(tree: torch.Tensor, rows_n: int, n_tokens: int, span: int) -> torch.Tensor:
     """[rows, span] bool from a tree mask `tree` = [base, bits of token 0, .., bits of token n-1] (int64): row r
     (token r % n_tokens) sees every slot before base and the slots base + j whose bit j is set, j < 64."""
     keys = torch.arange(span, device=tree.device)
     rel = keys - tree[0]
-    window = (rel >= 0) & (rel < 64)
+    window = (rel >= 0) & (rel < TREE_WINDOW)
     bits = tree[1:][torch.arange(rows_n, device=tree.device) % n_tokens]  # [rows]
     marked = ((bits[:, None] >> rel.clamp(0, 63)[None, :]) & 1) != 0
     return (rel < 0)[None, :] | (window[None, :] & marked)
