@@ -152,16 +152,16 @@ class AdaptiveK:
         estimates = self.estimates()
         if estimates is None:
             raise RuntimeError("no estimates yet: the policy has not seen a draft step and a target step")
-        alpha = estimates[0]
-        per_draft, verify = self._round_costs()
-        best = calc.best_k(alpha, per_draft, self.max_k, verify)
-        return best if best[0] else calc.best_k(self.hopeful_alpha(), per_draft, self.max_k, verify)
+        alpha, c, _ = estimates
+        verify = self._verify_costs()
+        best = calc.best_k(alpha, c, self.max_k, verify)
+        return best if best[0] else calc.best_k(self.hopeful_alpha(), c, self.max_k, verify)
 
-    def _round_costs(self) -> tuple[float, dict[int, float]]:
-        """(c, {K: 1 + s K + alpha^K l}) in target steps: a round of K drafts costs c K + verify[K]."""
-        alpha, c, s = self.estimates()
+    def _verify_costs(self) -> dict[int, float]:
+        """{K: 1 + s K + alpha^K l} in target steps: what a round of K drafts costs beyond its K draft steps."""
+        alpha, _, s = self.estimates()
         lead = (self.lead.value or 0.0) / self.target_step.value
-        return c, {k: 1 + s * k + alpha ** k * lead for k in range(1, self.max_k + 1)}
+        return {k: 1 + s * k + alpha ** k * lead for k in range(1, self.max_k + 1)}
 
     def hopeful_alpha(self) -> float:
         """Alpha plus OPTIMISM standard errors of its estimate, sqrt(a (1 - a) / n) over the n judged positions it
@@ -213,8 +213,8 @@ class AdaptiveK:
     def _on_probe_interval(self, k: int, gain: float) -> int:
         """Rounds between K = 0 probes while speculating: one plain round makes a token in one step instead of
         1/gain steps, and should cost at most `probe_budget` of the `interval` rounds it follows."""
-        per_draft, verify = self._round_costs()
-        return max(1, math.ceil((1 - 1 / gain) / (self.probe_budget * calc.round_cost(k, per_draft, verify))))
+        cost = calc.round_cost(k, self.estimates()[1], self._verify_costs())
+        return max(1, math.ceil((1 - 1 / gain) / (self.probe_budget * cost)))
 
     def _retime_draft(self) -> bool:
         """A first draft step above STALL target steps is most likely a stall (no K pays beyond c = 1 anyway): time

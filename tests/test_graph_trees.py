@@ -154,6 +154,19 @@ def test_a_64_node_tree_with_its_root_runs_in_chunks_at_the_right_slots(graph_pa
     graph_pair[0].reset()
 
 
+def test_a_mask_the_kernels_cannot_express_is_refused_before_anything_runs(tiny):
+    """65 tokens whose first two are both roots: the second hides the first, which lies before the mask's 64-slot
+    window. The kernels cannot express that; the forward says so and leaves the cache as it was."""
+    model, replays = as_fused(tiny)
+    model.forward(TEXT, keep=1)
+    parents = (-1, -1, *range(1, 64))  # node 1 is a second root, the rest a chain under it
+    layout = tree.layout(parents, 0, 65, len(TEXT))
+    assert layout.window is None
+    with pytest.raises(ModelError, match="hidden slots"):
+        model.forward(list(range(3, 68)), tree=layout)
+    assert model.length == len(TEXT) and not any(t for _, t in replays)
+
+
 def test_prepare_captures_tree_forwards_ahead(tiny, monkeypatch):
     """With tree_tokens, `prepare` captures a tree forward's graph for each node count, so none is captured
     mid-generation; without, none; all with grad off, as `forward`. (Compiling the kernels ahead is left out: the
