@@ -12,7 +12,14 @@ It checks each combination's output against the untuned default's, and times cuB
     python -m spec.tune_kernels --pair llama-random --tokens 9 --roles target   (the fused verify kernels)
 
 With --tokens 2-16 it tunes the kernels of a fused forward of that many tokens (verifies, by default), whose
-tiles are tensor-core products: rows per program, columns, warps and software-pipelining stages.
+tiles are tensor-core products: rows per program, columns, warps and software-pipelining stages; with 17-32 or
+33-64 those of a token tree's verify (tiles 32 or 64 tokens wide, tuned apart). With --draft-quant / --target-quant
+it tunes that model's packed int8 / int4 / fp8 weights, whose tiles are tuned apart too:
+
+    python -m spec.tune_kernels --pair llama-random --roles target --tokens 64,32
+    python -m spec.tune_kernels --pair llama-random --roles draft --draft-quant int4
+
+Every combination is compiled first, all at once on a pool of threads (`kernels.compiling_ahead`), then timed.
 
 Writes the winners to <cache>/kernels/<GPU name>.json, which the graph backend reads from then on, and the whole
 sweep to results/tune_kernels-<time>.json.
@@ -61,16 +68,26 @@ def _time_graph(run, layers: int, replays: int = 20) -> float:
     return statistics.median(times)
 
 
-def candidates(kind: str, n: int, tokens: int = 1) -> list[tuple[int, ...]]:
+def candidates(kind: str, n: int, tokens: int = 1, quant: str = "none") -> list[tuple[int, ...]]:
     """Configurations worth timing: between 32 and 16384 programs, 1-16k weight elements per iteration (one
-    token); for 2-16 tokens, tensor-core tiles of 16-128 rows by 64-256 columns, a warp per 16 or 32 rows, and
-    3-6 pipeline stages of at most 160 KB."""
+    token; packed weights up to 4x as many, their bytes a bf16 tile's); for 2-16 tokens, tensor-core tiles of 16-128
+    rows by 64-256 columns, a warp per 16 or 32 rows, and 3-6 pipeline stages of at most 160 KB; for a tree's 17-64
+    tokens, 16-64 rows by 64-128 columns, 2-4 stages, the tokens' input tile counted in the 160 KB. int4 tiles hold
+    32-128 columns (whole groups) past one token."""
+    weights = 2 if kind == "silu_mul" else 1
     if tokens > 1:
-        weights = 2 if kind == "silu_mul" else 1  # (q/k/v over several tokens is a plain product, rope apart)
-        return [(bn, block_k, warps, stages) for bn in (16, 32, 64, 128) for block_k in (64, 128, 256)
+        mp = kernels.tile_tokens(tokens)
+        if mp > kernels.MAX_FUSED_TOKENS:  # a tree's: 16-64 rows by 64-128 columns (int4 from a group), 4 or 8 warps
+            return [(bn, block_k, warps, stages) for bn in (16, 32, 64)
+                    for block_k in ((32, 64, 128) if quant == "int4" else (64, 128)) for warps in (4, 8)
+                    for stages in (2, 3, 4) if (kind == "qkv" or 32 <= -(-n // bn) <= 16384)
+                    and stages * (weights * bn + mp) * block_k * 2 <= 160 * 1024]
+        return [(bn, block_k, warps, stages) for bn in (16, 32, 64, 128)
+                for block_k in ((32, 64, 128) if quant == "int4" else (64, 128, 256))
                 for warps in sorted({max(1, bn * weights // 64), max(1, bn * weights // 32), 4}) for stages in (3, 4, 6)
                 if (kind == "qkv" or 32 <= -(-n // bn) <= 16384) and bn * block_k <= 16384
                 and stages * weights * bn * block_k * 2 <= 160 * 1024]
+    packed = {"none": 1, "int8": 2, "fp8": 2, "int4": 4}[quant]
     out = []
     for bn in (2, 4, 8, 16, 32, 64):
         if kind == "qkv" and bn > n:
@@ -78,10 +95,10 @@ def candidates(kind: str, n: int, tokens: int = 1) -> list[tuple[int, ...]]:
         programs = -(-n // bn)
         if kind != "qkv" and not 32 <= programs <= 16384:
             continue
-        for block_k in (128, 256, 512, 1024):
+        for block_k in (128, 256, 512, 1024, 2048, 4096)[:4 + packed // 2]:
             elems = bn * block_k * (2 if kind in ("qkv", "silu_mul") else 1)
             for warps in (4, 8):
-                if 256 * warps <= elems <= 2048 * warps:
+                if 256 * warps <= elems <= 2048 * warps * packed:
                     out.append((bn, block_k, warps))
     return out
 
@@ -98,6 +115,8 @@ def products(model: GraphModel, tokens: int = 1) -> dict[str, dict]:
     q = torch.empty(tokens, model.heads * model.head_dim, device=dev, dtype=dtype)
     gu_out = torch.empty(tokens, model.intermediate, device=dev, dtype=dtype)
     head_w = model.model.lm_head.weight
+    packed_head = model.head_weight  # the weights as the fused step reads them: packed, with --*-quant
+    step = model.step_weights  # per layer: q/k/v, o, gate/up, down
     logits = torch.empty(tokens, head_w.shape[0], device=dev, dtype=torch.float32)
     residual = [torch.randn(tokens, hidden, device=dev, dtype=dtype) for _ in layers]
     start = residual[0].clone()
@@ -105,43 +124,43 @@ def products(model: GraphModel, tokens: int = 1) -> dict[str, dict]:
     half = model.head_dim // 2
 
     def qkv(i, c):
-        norm1, (w, b), *_ = layers[i]
-        kernels.qkv_rope(h, norm1.weight, norm1.variance_epsilon, w, b, model.cos, model.sin, model.pos, q,
+        norm1, (_, b), *_ = layers[i]
+        kernels.qkv_rope(h, norm1.weight, norm1.variance_epsilon, step[i][0], b, model.cos, model.sin, model.pos, q,
                          model.k_cache[i], model.v_cache[i], model.heads, model.kv_heads, config=c)
         return q  # (and the caches' position 0, which `check` adds)
 
     def o(i, c):
-        kernels.gemv(attn, layers[i][2].weight, residual[i], kernels.ADD, config=c, head_major=model.head_dim)
+        kernels.gemv(attn, step[i][1], residual[i], kernels.ADD, config=c, head_major=model.head_dim)
         return residual[i]
 
     def gate_up(i, c):
-        norm2, w = layers[i][3], layers[i][4][0]
-        kernels.gemv(h, w, gu_out, kernels.SILU_MUL, norm2.weight, norm2.variance_epsilon, config=c)
+        kernels.gemv(h, step[i][2], gu_out, kernels.SILU_MUL, layers[i][3].weight, layers[i][3].variance_epsilon,
+                     config=c)
         return gu_out
 
     def down(i, c):
-        kernels.gemv(act, layers[i][6].weight, residual[i], kernels.ADD, config=c)
+        kernels.gemv(act, step[i][3], residual[i], kernels.ADD, config=c)
         return residual[i]
 
     def head(i, c):
-        kernels.gemv(h, head_w, logits, kernels.LOGITS, norm.weight, norm.variance_epsilon, config=c)
+        kernels.gemv(h, packed_head, logits, kernels.LOGITS, norm.weight, norm.variance_epsilon, config=c)
         return logits
 
-    size = lambda w: w.numel() * w.element_size()  # noqa: E731
+    size = lambda w: w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes()  # noqa: E731
     n_layers = len(layers)
     reset = lambda: residual[0].copy_(start)  # noqa: E731
     return {
         "qkv": dict(run=qkv, check=lambda out: torch.cat([out.flatten(), model.k_cache[0][:, :tokens].flatten(),
                                                           model.v_cache[0][:, :tokens].flatten()]),
-                    key=("qkv", half, hidden), layers=n_layers, bytes=size(layers[0][1][0]),
+                    key=("qkv", half, hidden), layers=n_layers, bytes=size(step[0][0]),
                     cublas=lambda i: F.linear(h, *layers[i][1])),
         "o": dict(run=o, reset=reset, key=("add", hidden, attn.shape[-1]), layers=n_layers,
-                  bytes=size(layers[0][2].weight), cublas=lambda i: F.linear(attn, layers[i][2].weight)),
+                  bytes=size(step[0][1]), cublas=lambda i: F.linear(attn, layers[i][2].weight)),
         "gate_up": dict(run=gate_up, key=("silu_mul", model.intermediate, hidden), layers=n_layers,
-                        bytes=size(layers[0][4][0]), cublas=lambda i: F.linear(h, layers[i][4][0])),
+                        bytes=size(step[0][2]), cublas=lambda i: F.linear(h, layers[i][4][0])),
         "down": dict(run=down, reset=reset, key=("add", hidden, model.intermediate), layers=n_layers,
-                     bytes=size(layers[0][6].weight), cublas=lambda i: F.linear(act, layers[i][6].weight)),
-        "head": dict(run=head, key=("logits", head_w.shape[0], hidden), layers=1, bytes=size(head_w),
+                     bytes=size(step[0][3]), cublas=lambda i: F.linear(act, layers[i][6].weight)),
+        "head": dict(run=head, key=("logits", packed_head.shape[0], hidden), layers=1, bytes=size(packed_head),
                      cublas=lambda i: F.linear(h, head_w)),
     }
 
@@ -153,19 +172,29 @@ def tune(model: GraphModel, bandwidth: float, role: str, tokens: int = 1,
         if name not in only:
             continue
         kind, n, k = p["key"]
-        default = kernels.gemv_config(kind, n, k, tokens=tokens)  # the rule, not a tuned entry
+        default = kernels.gemv_config(kind, n, k, tokens=tokens, quant=model.quant)  # the rule, not a tuned entry
         reset = p.get("reset", lambda: None)  # `add` kernels accumulate into the residual: start it over
+        configs = candidates(kind, n, tokens, model.quant)
+        try:
+            with kernels.compiling_ahead():  # every variant compiles at once; nothing runs
+                for config in [default, *configs]:
+                    p["run"](0, config)
+        except Exception as err:  # (one that cannot compile is found, and skipped, below)
+            log.info(f"{role} {name}: compiling ahead stopped: {type(err).__name__}: {str(err)[:200]}")
         reset()
         check = p.get("check", lambda out: out)
         reference = check(p["run"](0, default)).float().clone()
         scale = float(reference.abs().max()) or 1.0
         results = []
-        configs = candidates(kind, n, tokens)
-        with log.bar(total=len(configs), desc=f"{role} {name}") as bar:
+        with log.bar(total=len(configs), desc=f"{role} {name} x{tokens}") as bar:
             for config in configs:
                 reset()
-                error = float((check(p["run"](0, config)).float() - reference).abs().max()) / scale
-                us = _time_graph(lambda i, run=p["run"], config=config: run(i, config), p["layers"])
+                try:
+                    error = float((check(p["run"](0, config)).float() - reference).abs().max()) / scale
+                    us = _time_graph(lambda i, run=p["run"], config=config: run(i, config), p["layers"])
+                except Exception as err:  # Triton's OutOfResources, say: a tile this GPU cannot hold
+                    error, us = float("inf"), float("inf")
+                    log.info(f"{role} {name} {config}: {type(err).__name__}: {str(err)[:200]}")
                 results.append({"config": config, "us": us, "error": error})
                 bar.update()
         ok = [r for r in results if r["error"] < 2e-2]
@@ -174,9 +203,9 @@ def tune(model: GraphModel, bandwidth: float, role: str, tokens: int = 1,
         default_us = next(r["us"] for r in results if r["config"] == default) if default in configs else \
             _time_graph(lambda i, run=p["run"], default=default: run(i, default), p["layers"])
         rows.append({
-            "role": role, "product": name, "kind": kind + ("_rows" if tokens > 1 else ""), "tokens": tokens,
-            "n": n, "k": k, "bn": best["config"][0], "block_k": best["config"][1], "warps": best["config"][2],
-            **({"stages": best["config"][3]} if tokens > 1 else {}), "us": best["us"],
+            "role": role, "product": name, "kind": kernels.tuned_kind(kind, tokens, model.quant), "tokens": tokens,
+            "quant": model.quant, "n": n, "k": k, "bn": best["config"][0], "block_k": best["config"][1],
+            "warps": best["config"][2], **({"stages": best["config"][3]} if tokens > 1 else {}), "us": best["us"],
             "tb_s": p["bytes"] / best["us"] / 1e6, "of_copy": p["bytes"] / best["us"] / 1e-6 / bandwidth,
             "default_us": default_us, "cublas_us": cublas_us, "rejected": len(results) - len(ok),
             "sweep": [{"config": r["config"], "us": r["us"], "error": r["error"]} for r in results],
@@ -190,8 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     add_model_args(parser)
     parser.add_argument("--no-save", action="store_true", help="print the table; do not write the GPU's config file")
     parser.add_argument("--tokens", default="1", help="forward sizes to tune, comma-separated: 1 tunes the "
-                        "one-token kernels, one of 2-16 the fused verify kernels (one "
-                        "table serves every size; 9 is the verify of K = 8) (default: 1)")
+                        "one-token kernels, one of 2-16 the fused verify kernels (one table serves every size; 9 is "
+                        "the verify of K = 8), one of 17-32 and one of 33-64 a token tree's verify (default: 1)")
     parser.add_argument("--roles", default="target,draft", help="which models to tune (default: both)")
     parser.add_argument("--products", default="qkv,o,gate_up,down,head", help="which products to tune (default: all)")
     args = parser.parse_args(argv)
@@ -201,9 +230,17 @@ def main(argv: list[str] | None = None) -> None:
     pair = load_from_args(args)
     if pair.device.type != "cuda":
         sys.exit("error: tuning needs a CUDA device (pass --device cuda)")
-    tokens = [int(t) for t in args.tokens.split(",")]
-    if not all(1 <= t <= kernels.MAX_FUSED_TOKENS for t in tokens) or len({t > 1 for t in tokens}) < len(tokens):
-        sys.exit(f"error: --tokens takes 1 and/or one size of 2-{kernels.MAX_FUSED_TOKENS}, got {args.tokens}")
+    try:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        sys.exit(f"error: --tokens takes comma-separated token counts, got {args.tokens}")
+    # one table each: one token, and the tiles 16 (2-16 tokens), 32 and 64 tokens wide
+    widths = [1 if t == 1 else kernels.tile_tokens(t) if 1 < t <= kernels.MAX_KERNEL_TOKENS else 0 for t in tokens]
+    if 0 in widths or len(set(widths)) < len(widths):
+        sys.exit(f"error: --tokens takes 1 and/or one size each of 2-16, 17-32 and 33-64 (one table serves each "
+                 f"range), got {args.tokens}")
+    quants = {"target": args.target_quant, "draft": args.draft_quant}
+    args.target_quant = args.draft_quant = "none"  # the pair loads plain; GraphModel packs what is tuned
     if not set(args.products.split(",")) <= {"qkv", "o", "gate_up", "down", "head"}:
         sys.exit(f"error: --products takes qkv, o, gate_up, down and/or head, got {args.products}")
     roles = args.roles.split(",")
@@ -216,19 +253,20 @@ def main(argv: list[str] | None = None) -> None:
             m = getattr(pair, role)
             if m is None:
                 continue
-            model = GraphModel(m.model, m.vocab, name=role, max_length=256)
+            model = GraphModel(m.model, m.vocab, name=role, max_length=256, quant=quants[role])
             for t in tokens:
                 rows += tune(model, bandwidth, role, t, tuple(args.products.split(",")))
     name = torch.cuda.get_device_name(pair.device)
-    print(table(rows, [("role", "s"), ("product", "s"), ("tokens", "d"), ("n", "d"), ("k", "d"), ("bn", "d"),
-                       ("block_k", "d"), ("warps", "d"), ("us", ".2f"), ("tb_s", ".2f"), ("of_copy", ".2f"),
-                       ("default_us", ".2f"), ("cublas_us", ".2f"), ("rejected", "d")]))
+    print(table(rows, [("role", "s"), ("product", "s"), ("quant", "s"), ("tokens", "d"), ("n", "d"), ("k", "d"),
+                       ("bn", "d"), ("block_k", "d"), ("warps", "d"), ("us", ".2f"), ("tb_s", ".2f"),
+                       ("of_copy", ".2f"), ("default_us", ".2f"), ("cublas_us", ".2f"), ("rejected", "d")]))
     layers = {role: len(getattr(pair, role).model.model.layers) for role in roles}
-    total = {f"{role} x{t}": sum(r["us"] * (1 if r["product"] == "head" else layers[role])
-                                 for r in rows if r["role"] == role and r["tokens"] == t)
+    total = {f"{role}{'' if quants[role] == 'none' else ' ' + quants[role]} x{t}":
+             sum(r["us"] * (1 if r["product"] == "head" else layers[role])
+                 for r in rows if r["role"] == role and r["tokens"] == t)
              for role in roles for t in tokens}
     print("products per forward (tuned), ms:", ", ".join(f"{key} tokens {us / 1e3:.3f}" for key, us in total.items()))
-    data = {"device_name": name, "pair": pair.name, "dtype": dtype_name(pair.dtype),
+    data = {"device_name": name, "pair": pair.name, "dtype": dtype_name(pair.dtype), "quants": quants,
             "bandwidth_gb_s": bandwidth / 1e9, "products_ms": {r: us / 1e3 for r, us in total.items()}, "rows": rows}
     path = save_json("tune_kernels", data)
     if not args.no_save:

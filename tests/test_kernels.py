@@ -392,6 +392,25 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
         assert kernels._tuned("Some GPU/1")[("add_rows", 4096, 4096)] == (16, 64, 1, 3)
     finally:
         kernels._tuned.cache_clear()
+    # Tree widths and packed weights are tuned apart; where they are not, the plain entry is fitted to them.
+    assert [kernels.tuned_kind("add", t, q) for t, q in ((1, "none"), (9, "none"), (17, "none"), (64, "int4"),
+                                                          (1, "int8"))] == \
+        ["add", "add_rows", "add_rows32", "add_rows64@int4", "add@int8"]
+    path.write_text('{"configs": [{"kind": "add", "n": 4096, "k": 4096, "bn": 2, "block_k": 128, "warps": 4},'
+                    ' {"kind": "add_rows", "n": 4096, "k": 4096, "bn": 64, "block_k": 64, "warps": 4, "stages": 3},'
+                    ' {"kind": "add_rows64", "n": 4096, "k": 4096, "bn": 32, "block_k": 32, "warps": 8, "stages": 2},'
+                    ' {"kind": "add@int4", "n": 4096, "k": 4096, "bn": 4, "block_k": 2048, "warps": 8}]}')
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some GPU/1")
+    gpu = torch.device("cuda")
+    try:
+        assert kernels.gemv_config("add", 4096, 4096, gpu, tokens=40) == (32, 32, 8, 2)  # its own entry
+        assert kernels.gemv_config("add", 4096, 4096, gpu, tokens=20) == (32, 64, 4, 3)  # the 2-16 entry, narrowed
+        assert kernels.gemv_config("add", 4096, 4096, gpu, tokens=40, quant="int4") == (16, 64, 4, 3)
+        assert kernels.gemv_config("add", 4096, 4096, gpu, quant="int4") == (4, 2048, 8)  # its own entry
+        assert kernels.gemv_config("add", 4096, 4096, gpu, quant="int8") == (2, 256, 4)  # the bf16 tile's bytes
+        assert kernels.gemv_config("add", 4096, 4096, gpu) == (2, 128, 4)
+    finally:
+        kernels._tuned.cache_clear()
     for kind, n in (("add", 2048), ("silu_mul", 14336), ("qkv", 32), ("logits", 128256)):
         configs = tune_kernels.candidates(kind, n)
         assert configs
@@ -402,6 +421,12 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
         for bn, block_k, warps, stages in tune_kernels.candidates(kind, n, tokens=9):  # tensor-core tiles
             assert bn >= 16 and block_k >= 64 and warps in (1, 2, 4, 8)
             assert stages * bn * block_k * 2 * (2 if kind == "silu_mul" else 1) <= 160 * 1024
+        for bn, block_k, _warps, stages in tune_kernels.candidates(kind, n, tokens=64):  # a tree's: inputs count
+            assert 16 <= bn <= 64 and block_k >= 32 and stages <= 4
+            assert stages * (bn * (2 if kind == "silu_mul" else 1) + 64) * block_k * 2 <= 160 * 1024
+        assert max(c[1] for c in tune_kernels.candidates(kind, n, tokens=9, quant="int4")) <= 128  # whole groups
+        wider = tune_kernels.candidates(kind, n, quant="int4")  # packed: up to 4x the columns of a bf16 tile
+        assert set(configs) <= set(wider) and max(c[1] for c in wider) > max(c[1] for c in configs)
 
 
 class _Kernel:

@@ -311,22 +311,41 @@ def wide_config(config: tuple[int, ...], tokens: int) -> tuple[int, ...]:
     return (max(16, config[0] * MAX_FUSED_TOKENS // mp), *config[1:])
 
 
-def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
-                tokens: int = 1) -> tuple[int, ...]:
-    """The tiles for a product of n rows and k columns over `tokens` tokens: the tuned entry for this GPU if there
-    is one, else a default per kind. One token: (rows per program, columns per iteration, warps); 2-16 tokens
-    (kind + "_rows"): the same and the software-pipelining depth."""
+def tuned_kind(kind: str, tokens: int = 1, quant: str = "none") -> str:
+    """The tuned table's name for a product's tiles: the kind, "_rows" for 2-64 tokens with the tile's token width
+    past 16 ("add_rows64": a tree's verify), and "@" the weight format when packed ("add@int4")."""
     if tokens > 1:
         kind += "_rows"
-    if device is not None and device.type == "cuda":
-        tuned = _tuned(torch.cuda.get_device_name(device)).get((kind, n, k))
-        if tuned:
-            return tuned
-    if kind == "qkv":
-        return min(8, _pow2(n)), 256, 4
-    if kind not in DEFAULT_TILES:
-        raise ValueError(f"no tiles for a {kind!r} product")
-    return DEFAULT_TILES[kind]
+        if tile_tokens(tokens) > MAX_FUSED_TOKENS:
+            kind += str(tile_tokens(tokens))
+    return kind + ("" if quant == "none" else "@" + quant)
+
+
+def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
+                tokens: int = 1, quant: str = "none") -> tuple[int, ...]:
+    """The tiles to launch a product of n rows and k columns over `tokens` tokens with weights in `quant` with. One
+    token: (rows per program, columns per iteration, warps); 2-64 tokens: the same and the software-pipelining
+    depth. The tuned entry for this GPU, this token width and this format if there is one (`tuned_kind`); else
+    the entry (or the rule, a default per kind) for the plain weights at 2-16 tokens, fitted: rows shrunk past 16
+    tokens (`wide_config`), and a one-token tile of packed weights widened to the bf16 tile's bytes
+    (`packed_columns`)."""
+    table = _tuned(torch.cuda.get_device_name(device)) if device is not None and device.type == "cuda" else {}
+    exact = table.get((tuned_kind(kind, tokens, quant), n, k))
+    if exact:
+        return exact
+    if tokens > 1:
+        config = table.get((tuned_kind(kind, min(tokens, MAX_FUSED_TOKENS)), n, k)) or DEFAULT_TILES.get(kind + "_rows")
+        if config is None:
+            raise ValueError(f"no tiles for a {kind!r} product of {tokens} tokens")
+        return wide_config(config, tokens)
+    config = table.get((kind, n, k))
+    if config is None and kind == "qkv":
+        config = (min(8, _pow2(n)), 256, 4)
+    elif config is None:
+        if kind not in DEFAULT_TILES:
+            raise ValueError(f"no tiles for a {kind!r} product")
+        config = DEFAULT_TILES[kind]
+    return (config[0], packed_columns(config[1], k, KERNEL_FORMATS[quant]), *config[2:])
 
 
 def _launch(kernel, grid, config: tuple[int, ...], pdl: bool, *args, **constexprs) -> None:
@@ -339,6 +358,10 @@ def _precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
+def _scheme(weight: torch.Tensor | PackedWeight) -> str:
+    return "none" if isinstance(weight, torch.Tensor) else weight.scheme
+
+
 def weight_operands(weight: torch.Tensor | PackedWeight) -> tuple[tuple, dict]:
     """A product's weight as the kernels take it: (codes, scales, offsets) pointers and the QUANT and G constants.
     A plain tensor (the model's dtype) passes itself for the pointers it does not use."""
@@ -348,12 +371,12 @@ def weight_operands(weight: torch.Tensor | PackedWeight) -> tuple[tuple, dict]:
     return (weight.codes, weight.scales, zeros), {"QUANT": KERNEL_FORMATS[weight.scheme], "G": weight.group}
 
 
-def packed_columns(block_k: int, k: int, quant: dict) -> int:
+def packed_columns(block_k: int, k: int, quant: int) -> int:
     """A one-token tile's columns for packed weights: the tuned bf16 tile's bytes, not its columns (int8 twice the
     inputs, int4 four times), up to the product's width. Fewer bytes a tile would mean more iterations, each with
     the same latency, for a product that is latency-bound already (int8 in bf16's tiles: 0.73 ms for the 1B step
     against bf16's 0.80 on an H200)."""
-    return min(block_k * {0: 1, 1: 2, 2: 4}[quant["QUANT"]], max(block_k, _pow2(k)))
+    return min(block_k * {0: 1, 1: 2, 2: 4}[quant], max(block_k, _pow2(k)))
 
 
 def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_cache, v_cache,
@@ -363,8 +386,8 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
     head-major [heads, M, D], k and v into the caches [kv_heads, capacity, D] at pos + m. M <= MAX_KERNEL_TOKENS."""
     dim = k_cache.shape[-1]
     tokens, k = (1, h.shape[0]) if h.dim() == 1 else h.shape
-    config = config or gemv_config("qkv", dim // 2, k, h.device, tokens)
     operands, quant = weight_operands(w_qkv)
+    config = config or gemv_config("qkv", dim // 2, k, h.device, tokens, _scheme(w_qkv))
     bias = operands[0] if b_qkv is None else b_qkv
     if tokens == 1:
         if dim // 2 % config[0]:
@@ -372,7 +395,7 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
         _launch(_triton().qkv_rope, (heads + 2 * kv_heads, dim // 2 // config[0]), config, pdl, h, norm_weight, eps,
                 *operands, bias, cos, sin, pos, q_out, k_cache, v_cache, k, k_cache.stride(0), HEADS=heads,
                 KV=kv_heads, D=dim, HAS_BIAS=b_qkv is not None, BH=config[0],
-                BLOCK_K=packed_columns(config[1], k, quant), **quant)
+                BLOCK_K=config[1], **quant)
         return
     # 2-64 tokens: the product (its rows spread over every multiprocessor) into fp32, then one program a head for
     # the bias, rounding and rotary embedding. (A product of 6144 rows in programs that own whole heads' rotary
@@ -397,18 +420,16 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     k = weight.shape[1]
     tokens = x.numel() // k
     kind = {ADD: "add", SILU_MUL: "silu_mul", LOGITS: "logits", RAW: "raw"}[epilogue]
-    config = config or gemv_config(kind, n, k, x.device, tokens)
     operands, quant = weight_operands(weight)
+    config = config or gemv_config(kind, n, k, x.device, tokens, _scheme(weight))
     args = (x, x if norm_weight is None else norm_weight, eps, *operands, out)
     constexprs = dict(NORM=norm_weight is not None, EPILOGUE=epilogue, BN=config[0], BLOCK_K=config[1], **quant)
     grid = (-(-n // config[0]),)
     if tokens == 1:
-        constexprs["BLOCK_K"] = packed_columns(config[1], k, quant)
         _launch(_triton().gemv, grid, config, pdl, *args, n, k, **constexprs)
     else:
         mp = tile_tokens(tokens)
-        config = fit_shared_memory(wide_config(config, tokens), x.element_size(), 2 if epilogue == SILU_MUL else 1,
-                                   mp)
+        config = fit_shared_memory(config, x.element_size(), 2 if epilogue == SILU_MUL else 1, mp)
         # int4 tiles: whole groups (a product's inner size, half the tile, at least 16), at most 128 inputs (the
         # de-quantised halves sit in registers beside the codes)
         block_k = min(max(config[1], quant["G"]), 128) if quant["QUANT"] == 2 else config[1]

@@ -1,6 +1,6 @@
 # Session 15, real pair, after s12_chunk.sh x 28 (55 MiB chunks) and s12_setup.sh (which also times the Qwen pair's
-# start): (1) the K sweep with session 14's adaptive K (a round priced as B + A K plus its two-token lead; it ran
-# 1.05x there against 1.42x at K = 6); (2) trees on the graph backend after session 14's removal of the tree round's
+# start): (1) the K sweep with session 14's adaptive K (a round priced c K + 1 + s K + a^K l, its two-token lead l
+# apart; it ran 1.05x there against 1.42x at K = 6); (2) trees on the graph backend after session 14's removal of the tree round's
 # waits (non-blocking layouts, masks made on the host, dynamic trees reading back once a depth), with the tree
 # policy's rounds now recorded. Each packed as it ends. About 3 minutes.
 source "$(dirname "$0")/env.sh"
