@@ -205,7 +205,13 @@ def main(argv=None) -> dict:
     print(table(measured, [("shape", "s"), ("nodes", ".1f"), ("tokens_per_forward", ".2f"),
                            ("predicted_tokens_per_forward", ".2f"), ("tokens_per_forward_vs_chain4", ".2f"),
                            ("speedup", ".2f"), ("predicted_speedup", ".2f"), ("prediction_error", "+.1%"),
-                           ("identical", "s")]))
+                           ("identical", "s"), ("near_ties", "d")]))
+    parted = sum(int(row["identical"].split("/")[1]) - int(row["identical"].split("/")[0]) for row in measured)
+    if parted:
+        ties = sum(row["near_ties"] for row in measured)
+        print(f"{parted} run(s) parted from plain greedy decoding; {ties} at a near-tie of the target's top two logits "
+              "(closer than the rounding difference between the forward shapes: docs/exactness.md)"
+              + ("" if ties == parted else f"; {parted - ties} NOT at a near-tie: a bug"))
     result = {"task": "tree_sweep", "pair": pair.name, "device": str(pair.device), "dtype": dtype_name(pair.dtype),
               **pair.quant_setup(),
               "args": {**vars(args), "trees": [describe(t) for t in args.trees]},

@@ -227,6 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     args.backend = "eager"
     if not kernels.available():
         sys.exit("error: tuning needs a CUDA device and Triton")
+    quants = {"target": args.target_quant, "draft": args.draft_quant}
+    args.target_quant = args.draft_quant = "none"  # the pair loads plain; GraphModel packs what is tuned
     pair = load_from_args(args)
     if pair.device.type != "cuda":
         sys.exit("error: tuning needs a CUDA device (pass --device cuda)")
@@ -239,8 +241,6 @@ def main(argv: list[str] | None = None) -> None:
     if 0 in widths or len(set(widths)) < len(widths):
         sys.exit(f"error: --tokens takes 1 and/or one size each of 2-16, 17-32 and 33-64 (one table serves each "
                  f"range), got {args.tokens}")
-    quants = {"target": args.target_quant, "draft": args.draft_quant}
-    args.target_quant = args.draft_quant = "none"  # the pair loads plain; GraphModel packs what is tuned
     if not set(args.products.split(",")) <= {"qkv", "o", "gate_up", "down", "head"}:
         sys.exit(f"error: --products takes qkv, o, gate_up, down and/or head, got {args.products}")
     roles = args.roles.split(",")

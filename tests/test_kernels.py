@@ -370,12 +370,14 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
     assert kernels.fit_shared_memory((32, 256, 2, 6), 2, 1) == (32, 256, 2, 6)
     assert kernels.fit_shared_memory((32, 256, 2, 6), 4, 1) == (32, 256, 2, 3)
     assert kernels.fit_shared_memory((128, 256, 4, 2), 4, 2) == (128, 64, 4, 2)
-    # A tree's 17-64 tokens: tiles of 32 or 64 tokens, whose rows shrink so the accumulators keep their size (down to
-    # a tensor core's 16), and whose input tiles count in the shared memory.
+    # A tree's 17-64 tokens: tiles of 32 or 64 tokens, 64 rows by 128 columns unless tuned, whose input tiles count in
+    # the shared memory.
     assert [kernels.tile_tokens(t) for t in (2, 16, 17, 33, 64)] == [16, 16, 32, 64, 64]
-    assert kernels.wide_config((128, 64, 4, 4), 9) == (128, 64, 4, 4)
-    assert kernels.wide_config((128, 64, 4, 4), 17) == (64, 64, 4, 4)
-    assert kernels.wide_config((32, 256, 2, 6), 40) == (16, 256, 2, 6)
+    assert kernels.gemv_config("add", 4096, 4096, tokens=40) == kernels.WIDE_TILE  # past 16: the wide tiles
+    assert kernels.gemv_config("silu_mul", 14336, 4096, tokens=17) == (64, 128, 4, 2)
+    # packed weights' one-token tiles: the bf16 tile's bytes (int8 twice its columns), but not the head's
+    assert kernels.gemv_config("add", 4096, 4096, quant="int8") == (8, 1024, 8)
+    assert kernels.gemv_config("logits", 128256, 2048, quant="int4") == kernels.gemv_config("logits", 128256, 2048)
     assert kernels.fit_shared_memory((16, 256, 2, 6), 2, 1, 64) == (16, 256, 2, 4)  # 6 x 80 x 256 x 2 B > 180 KB
     with pytest.raises(ValueError, match="at most 64"):
         kernels.tile_tokens(65)
@@ -404,11 +406,15 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
     gpu = torch.device("cuda")
     try:
         assert kernels.gemv_config("add", 4096, 4096, gpu, tokens=40) == (32, 32, 8, 2)  # its own entry
-        assert kernels.gemv_config("add", 4096, 4096, gpu, tokens=20) == (32, 64, 4, 3)  # the 2-16 entry, narrowed
-        assert kernels.gemv_config("add", 4096, 4096, gpu, tokens=40, quant="int4") == (16, 64, 4, 3)
+        assert kernels.gemv_config("add", 4096, 4096, gpu, tokens=20) == kernels.WIDE_TILE  # no 32-wide entry
+        assert kernels.gemv_config("add", 4096, 4096, gpu, tokens=40, quant="int4") == kernels.WIDE_TILE
         assert kernels.gemv_config("add", 4096, 4096, gpu, quant="int4") == (4, 2048, 8)  # its own entry
         assert kernels.gemv_config("add", 4096, 4096, gpu, quant="int8") == (2, 256, 4)  # the bf16 tile's bytes
         assert kernels.gemv_config("add", 4096, 4096, gpu) == (2, 128, 4)
+        monkeypatch.setenv("SPARK_SPEC_KERNEL_TABLE", "0")  # the rules alone
+        kernels._tuned.cache_clear()
+        assert kernels.gemv_config("add", 4096, 4096, gpu, tokens=40) == kernels.WIDE_TILE
+        assert kernels.gemv_config("add", 4096, 4096, gpu) == (8, 512, 8)
     finally:
         kernels._tuned.cache_clear()
     for kind, n in (("add", 2048), ("silu_mul", 14336), ("qkv", 32), ("logits", 128256)):

@@ -121,7 +121,7 @@ def test_the_whole_loop_with_the_tree_policy_writes_plain_greedy_text(tiny):
     assert any(r.drafted > len(r.slots) + 1 for r in result.rounds)  # some rounds were trees, not chains
 
 
-def test_tree_sweep_records_what_the_policy_chose_and_what_it_cost(tmp_path, monkeypatch):
+def test_tree_sweep_records_what_the_policy_chose_and_what_it_cost(tmp_path, monkeypatch, capsys):
     """The H200's `auto:15` ran nearly plain (0.75 nodes a round, 1.00x) and its JSON could not say why: now each
     prompt's row of a policy's run keeps every round (nodes, kept, draft / verify / total seconds, draft forwards)
     and the policy's estimates at its end."""
@@ -143,3 +143,5 @@ def test_tree_sweep_records_what_the_policy_chose_and_what_it_cost(tmp_path, mon
     assert len(snapshot["chain_acceptance_by_depth"]) == 3 and all(0 <= a <= 1 for a in snapshot[
         "chain_acceptance_by_depth"]) and set(snapshot["draft_cost"]) >= {"1", "2"}
     assert not any("round_detail" in r for r in rows if r.get("shape") != "auto:4")  # static shapes: no policy
+    out = capsys.readouterr().out  # fp32: every run plain greedy's text, and the table says how many parted at ties
+    assert "near_ties" in out and "parted" not in out

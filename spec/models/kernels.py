@@ -238,15 +238,17 @@ def _(q, k_cache, v_cache, pos, span, n_tokens, scale, pdl=False, tree=None):
 # The same wrappers take 2-64 tokens ([M, K] inputs) for a fused verify (up to 16; a token tree's, up to 64):
 # tensor-core products with the tokens padded to 16, 32 or 64 columns (gemv_rows), q/k/v as a product into fp32 and
 # a rotary kernel a head (rope_rows). Their tiles add a software-pipelining depth and are tuned apart (kinds
-# "<kind>_rows", at 9 tokens; `wide_config` narrows them past 16).
+# "<kind>_rows", at 9 tokens; past 16 tokens "<kind>_rows32" and "_rows64", or WIDE_TILES).
 
 ADD, SILU_MUL, LOGITS, RAW = 0, 1, 2, 3
 MAX_FUSED_TOKENS = 16  # tokens a verify or a prompt's chunk takes at once: the width of one tensor-core tile
 MAX_KERNEL_TOKENS = 64  # the most one fused forward takes (a token tree's verify): tiles of 16, 32 or 64 tokens
 
 # Tuned (rows per program, columns per iteration, warps) per GPU and product, keyed (kind, N, K) with kind one of
-# qkv (N = half a head), add, silu_mul, logits. `python -m spec.tune_kernels` measures them on the GPU at hand and
-# writes <cache>/kernels/<GPU name>.json, which is read first; below is what it found on an H200.
+# qkv (N = half a head), add, silu_mul, logits (+ "_rows" for 2-16 tokens, "_rows32" / "_rows64" past 16, "@int4" /
+# "@int8" / "@fp8" for packed weights: `tuned_kind`). `python -m spec.tune_kernels` measures them on the GPU at hand
+# and writes <cache>/kernels/<GPU name>.json, which is read first; below is what it found on an H200 and an H100.
+# SPARK_SPEC_KERNEL_TABLE=0 ignores both (the rules alone: how a benchmark measures what tuning gave).
 TUNED: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = {
     "NVIDIA H200": {  # Llama-3.1-8B and Llama-3.2-1B (benchmarks/h200/tune_kernels.json)
         ("qkv", 64, 4096): (2, 512, 4),
@@ -266,11 +268,54 @@ TUNED: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = {
         ("add_rows", 4096, 14336): (32, 256, 2, 6),
         ("logits_rows", 128256, 4096): (128, 128, 8, 3),
     },
+    "NVIDIA H100 80GB HBM3": {  # session 15 (benchmarks/h100/session15/tune_kernels-*.json)
+        # Llama-3.1-8B, a tree's verify: 17-32 and 33-64 tokens
+        ("qkv_rows64", 64, 4096): (64, 64, 4, 4),
+        ("add_rows64", 4096, 4096): (64, 128, 4, 4),
+        ("silu_mul_rows64", 14336, 4096): (64, 128, 4, 2),
+        ("add_rows64", 4096, 14336): (64, 128, 4, 4),
+        ("logits_rows64", 128256, 4096): (64, 64, 4, 3),
+        ("qkv_rows32", 64, 4096): (64, 128, 8, 4),
+        ("add_rows32", 4096, 4096): (64, 128, 4, 4),
+        ("silu_mul_rows32", 14336, 4096): (64, 128, 8, 2),
+        ("add_rows32", 4096, 14336): (64, 128, 4, 4),
+        ("logits_rows32", 128256, 4096): (64, 128, 8, 3),
+        # Llama-3.2-1B: 2-16 tokens (a tree's frontier, a draft's catch-up), one token with int4 / int8 weights
+        ("qkv_rows", 32, 2048): (64, 256, 4, 4),
+        ("add_rows", 2048, 2048): (16, 128, 1, 6),
+        ("silu_mul_rows", 8192, 2048): (64, 64, 4, 6),
+        ("add_rows", 2048, 8192): (32, 256, 4, 6),
+        ("logits_rows", 128256, 2048): (128, 128, 4, 3),
+        ("qkv@int4", 32, 2048): (4, 512, 4),
+        ("add@int4", 2048, 2048): (4, 1024, 8),
+        ("silu_mul@int4", 8192, 2048): (8, 512, 4),
+        ("add@int4", 2048, 8192): (4, 2048, 4),
+        ("logits@int4", 128256, 2048): (16, 256, 4),
+        ("qkv@int8", 32, 2048): (4, 512, 4),
+        ("add@int8", 2048, 2048): (4, 512, 4),
+        ("silu_mul@int8", 8192, 2048): (8, 128, 4),
+        ("add@int8", 2048, 8192): (4, 2048, 4),
+        ("logits@int8", 128256, 2048): (16, 256, 4),
+        # Qwen2.5-Coder-0.5B, one token with int4 / int8 weights (its 2-16-token tiles and the 1.5B's gained 0-2 %
+        # over the defaults product by product, within the sweeps' noise end to end: left out)
+        ("qkv@int4", 32, 896): (2, 1024, 4),
+        ("add@int4", 896, 896): (4, 1024, 8),
+        ("silu_mul@int4", 4864, 896): (8, 256, 4),
+        ("add@int4", 896, 4864): (2, 1024, 4),
+        ("logits@int4", 151936, 896): (16, 256, 4),
+        ("qkv@int8", 32, 896): (2, 1024, 4),
+        ("add@int8", 896, 896): (2, 1024, 4),
+        ("silu_mul@int8", 4864, 896): (8, 256, 4),
+        ("add@int8", 896, 4864): (4, 1024, 8),
+        ("logits@int8", 151936, 896): (32, 128, 4),
+    },
 }
 
 
 @functools.cache
 def _tuned(device_name: str) -> dict[tuple[str, int, int], tuple[int, ...]]:
+    if os.environ.get("SPARK_SPEC_KERNEL_TABLE") == "0":
+        return {}
     table = dict(TUNED.get(device_name, {}))
     path = tuned_path(device_name)
     if path.is_file():
@@ -303,12 +348,11 @@ def tile_tokens(tokens: int) -> int:
     return max(MAX_FUSED_TOKENS, _pow2(tokens))
 
 
-def wide_config(config: tuple[int, ...], tokens: int) -> tuple[int, ...]:
-    """A 2-16-token tile for a forward of `tokens` tokens: past 16 (a tree's verify) its rows shrink as its tokens
-    grow, so that the accumulators ([rows, tokens] fp32 in registers) keep the size they were tuned at, down to a
-    tensor core's 16 rows."""
-    mp = tile_tokens(tokens)
-    return (max(16, config[0] * MAX_FUSED_TOKENS // mp), *config[1:])
+# Tiles for a tree's 17-64 tokens where the table has none: what every product of the 8B chose on an H100 at 32 and
+# 64 tokens (session 15): 64 rows by 128 columns. A rule that kept the 2-16-token tile's accumulator size instead
+# (rows shrunk to 16 at 64 tokens) took twice as long: 12.5 ms of products per 64-token forward against 6.6.
+WIDE_TILES = {"silu_mul": (64, 128, 4, 2), "logits": (64, 128, 4, 3)}
+WIDE_TILE = (64, 128, 4, 4)
 
 
 def tuned_kind(kind: str, tokens: int = 1, quant: str = "none") -> str:
@@ -325,26 +369,24 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
                 tokens: int = 1, quant: str = "none") -> tuple[int, ...]:
     """The tiles to launch a product of n rows and k columns over `tokens` tokens with weights in `quant` with. One
     token: (rows per program, columns per iteration, warps); 2-64 tokens: the same and the software-pipelining
-    depth. The tuned entry for this GPU, this token width and this format if there is one (`tuned_kind`); else
-    the entry (or the rule, a default per kind) for the plain weights at 2-16 tokens, fitted: rows shrunk past 16
-    tokens (`wide_config`), and a one-token tile of packed weights widened to the bf16 tile's bytes
-    (`packed_columns`)."""
+    depth. The tuned entry for this GPU, this token width and this format if there is one (`tuned_kind`); else a
+    rule: past 16 tokens the wide tile, else the plain weights' entry (or a default per kind), whose one-token
+    tile is widened for packed weights to the bf16 tile's bytes (`packed_columns`), the head's excepted."""
     table = _tuned(torch.cuda.get_device_name(device)) if device is not None and device.type == "cuda" else {}
     exact = table.get((tuned_kind(kind, tokens, quant), n, k))
     if exact:
         return exact
-    if tokens > 1:
-        config = table.get((tuned_kind(kind, min(tokens, MAX_FUSED_TOKENS)), n, k)) or DEFAULT_TILES.get(kind + "_rows")
-        if config is None:
-            raise ValueError(f"no tiles for a {kind!r} product of {tokens} tokens")
-        return wide_config(config, tokens)
-    config = table.get((kind, n, k))
-    if config is None and kind == "qkv":
+    if tokens > MAX_FUSED_TOKENS:
+        return WIDE_TILES.get(kind, WIDE_TILE)
+    config = table.get((tuned_kind(kind, tokens), n, k))
+    if config is None and kind == "qkv" and tokens == 1:
         config = (min(8, _pow2(n)), 256, 4)
     elif config is None:
-        if kind not in DEFAULT_TILES:
+        config = DEFAULT_TILES.get(tuned_kind(kind, tokens))
+        if config is None:
             raise ValueError(f"no tiles for a {kind!r} product")
-        config = DEFAULT_TILES[kind]
+    if tokens > 1 or kind == "logits":
+        return config
     return (config[0], packed_columns(config[1], k, KERNEL_FORMATS[quant]), *config[2:])
 
 
@@ -375,7 +417,8 @@ def packed_columns(block_k: int, k: int, quant: int) -> int:
     """A one-token tile's columns for packed weights: the tuned bf16 tile's bytes, not its columns (int8 twice the
     inputs, int4 four times), up to the product's width. Fewer bytes a tile would mean more iterations, each with
     the same latency, for a product that is latency-bound already (int8 in bf16's tiles: 0.73 ms for the 1B step
-    against bf16's 0.80 on an H200)."""
+    against bf16's 0.80 on an H200). Not for the head, whose 128k-151k rows keep every multiprocessor busy
+    anyway: widened, its int4 product took 149 µs on an H100 against 102 in bf16's tile (1B; 0.5B 106 against 64)."""
     return min(block_k * {0: 1, 1: 2, 2: 4}[quant], max(block_k, _pow2(k)))
 
 
