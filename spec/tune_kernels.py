@@ -21,6 +21,11 @@ it tunes that model's packed int8 / int4 / fp8 weights, whose tiles are tuned ap
 
 Every combination is compiled first, all at once on a pool of threads (`kernels.compiling_ahead`), then timed.
 
+A product timed alone is not a step: on an H100 the winners for a 64-token verify, the 1B's 2-16-token forwards and
+its int4 step each beat the rules product by product and lost end to end (9.76 ms against 9.25 a 64-token forward;
+benchmarks/h100/session15/). Keep a file only where `python -m spec.bench_engine` runs faster with it than with
+SPARK_SPEC_KERNEL_TABLE=0 (the rules alone) in the same call.
+
 Writes the winners to <cache>/kernels/<GPU name>.json, which the graph backend reads from then on, and the whole
 sweep to results/tune_kernels-<time>.json.
 """

@@ -25,10 +25,11 @@ def pair():
 
 @cuda
 @pytest.mark.parametrize("rows, n, pos, span", [(4, 1, 0, 256), (4, 1, 511, 768), (36, 9, 700, 768),
-                                                 (16, 4, 255, 256), (128, 32, 3000, 4096), (300, 75, 10, 256)])
+                                                 (16, 4, 255, 256), (128, 32, 3000, 4096), (300, 75, 10, 256),
+                                                 (600, 100, 10, 256)])
 def test_split_attention_matches_reference(rows, n, pos, span):
     """The split-KV kernel against fp32 attention with the same causal rule; its error is no larger than bf16 SDPA's
-    own (300 rows: past what one program holds, the op's SDPA fallback)."""
+    own (300 rows: past what one program holds, three programs a chunk; 600: past four, the op's SDPA fallback)."""
     from spec.models import kernels
 
     if not kernels.available():
@@ -42,7 +43,7 @@ def test_split_attention_matches_reference(rows, n, pos, span):
     bf16_sdpa = kernels.masked_sdpa(q, k, v, position, span, n, 0.09).float()
     # bf16 output: at most twice SDPA's own error; floor: rounding |o| < 4 to bf16 alone, half an ulp <= 2^-7 = 7.8e-3
     assert (got - reference).abs().max() <= max(2 * (bf16_sdpa - reference).abs().max(), 1e-2)
-    if rows <= kernels.MAX_ROWS:  # the kernel itself: nothing past the last visible position may be read
+    if rows <= kernels.MAX_ROWS * kernels.MAX_ROW_BLOCKS:  # the kernel: nothing past the last visible position is read
         k[:, pos + n:] = float("nan")
         v[:, pos + n:] = float("nan")
         assert not kernels.decode_attention(q, k, v, position, span, n, 0.09).isnan().any()
@@ -184,6 +185,21 @@ for rows, n, pos, span, dim in ((4, 1, 300, 512, 128), (2, 1, 511, 768, 32), (36
     # |v| (~1): ~1e-5 a side, 2e-5 both; 1e-4 leaves 5x
     assert (got - reference).abs().max() < 1e-4, (rows, n)
     assert torch.equal(kernels.decode_attention(q, k, v, position, span, n, 0.1), got)  # its counters reset
+# More rows than one program holds (a 64-node tree of 4 query heads a K/V head: 256), split over programs: causal,
+# and a random tree of 40 tokens x 4 query heads (each sees the text before slot 100, its ancestors and itself).
+import random
+random.seed(3)
+parents = [-1] + [random.randrange(-1, i) for i in range(1, 40)]
+seen = []
+for i, parent in enumerate(parents):
+    seen.append([100 + i] + (seen[parent] if parent >= 0 else []))
+for rows, n, tree in ((300, 75, None), (160, 40, torch.tensor(kernels.tree_mask(seen, 100, 140)))):
+    q, k, v = (torch.randn(shape, generator=torch.Generator().manual_seed(rows)) for shape in
+               ((2, rows, 32), (2, 512, 32), (2, 512, 32)))
+    position = torch.tensor(100)
+    got = kernels.decode_attention(q, k, v, position, 256, n, 0.1, tree=tree)
+    reference = kernels.masked_sdpa(q, k, v, position, 256, n, 0.1, tree)
+    assert (got - reference).abs().max() < 1e-4, (rows, n)
 print("ok")
 """
 

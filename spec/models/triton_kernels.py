@@ -11,14 +11,15 @@ import triton.language as tl
 def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_ptr, out_ptr, count_ptr, rows_n, n_tokens,
                       scale, stride_qh, stride_kh, splits,
                       D: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
-                      ONE_PASS: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr, TREE: tl.constexpr):
+                      ONE_PASS: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr, TREE: tl.constexpr,
+                      RSTRIDE: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     h = tl.program_id(0)
     s = tl.program_id(1)
     pos = tl.load(pos_ptr)
-    rows = tl.arange(0, ROWS)
+    rows = tl.program_id(2) * ROWS + tl.arange(0, ROWS)  # this program's block of the head's rows
     d = tl.arange(0, D)
     keys = s * CHUNK + tl.arange(0, CHUNK)
     row_ok = rows < rows_n
@@ -46,7 +47,7 @@ def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_pt
     p = tl.where(allowed, tl.exp(scores - m_safe[:, None]), 0.0)
     l = tl.sum(p, 1)
     o = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # [ROWS, D], fp32
-    base = (h * splits + s) * ROWS
+    base = (h * splits + s) * RSTRIDE  # RSTRIDE: the row blocks' rows together
     tl.store(m_ptr + base + rows, m, mask=row_ok)  # the padding rows of the tile are not stored
     tl.store(l_ptr + base + rows, l, mask=row_ok)
     tl.store(o_ptr + (base + rows[:, None]) * D + d[None, :], o, mask=row_ok[:, None])
@@ -58,7 +59,7 @@ def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_pt
         arrived = tl.atomic_add(count_ptr + h, 1, sem="acq_rel", scope="gpu")
         if arrived == splits - 1:
             tl.atomic_xchg(count_ptr + h, 0, sem="relaxed", scope="gpu")
-            combine_rows(o_ptr, m_ptr, l_ptr, out_ptr, h, 0, rows_n, splits, D, ROWS, SPLITS, ONE_PASS)
+            combine_rows(o_ptr, m_ptr, l_ptr, out_ptr, h, 0, rows_n, splits, D, RSTRIDE, SPLITS, ONE_PASS)
 
 
 @triton.jit
