@@ -427,12 +427,18 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
         assert kernels.gemv_config("add", 4096, 4096, gpu, quant="int4") == (4, 2048, 8)  # its own entry
         assert kernels.gemv_config("add", 4096, 4096, gpu, quant="int8") == (2, 256, 4)  # the bf16 tile's bytes
         assert kernels.gemv_config("add", 4096, 4096, gpu) == (2, 128, 4)
+        with kernels.trying({("add_rows64", 4096, 4096): (16, 64, 4, 2)}):  # on trial: before the table
+            assert kernels.gemv_config("add", 4096, 4096, gpu, tokens=40) == (16, 64, 4, 2)
+        assert kernels.gemv_config("add", 4096, 4096, gpu, tokens=40) == (32, 32, 8, 2)  # and gone after
         monkeypatch.setenv("SPARK_SPEC_KERNEL_TABLE", "0")  # the rules alone
         kernels._tuned.cache_clear()
         assert kernels.gemv_config("add", 4096, 4096, gpu, tokens=40) == kernels.WIDE_TILE
         assert kernels.gemv_config("add", 4096, 4096, gpu) == (8, 512, 8)
     finally:
         kernels._tuned.cache_clear()
+    # The tuner keeps a forward's tiles only where the whole forward gets at least 0.5 % faster with them.
+    assert tune_kernels.keep_tuned(9.25, 9.0) and not tune_kernels.keep_tuned(9.25, 9.76)
+    assert not tune_kernels.keep_tuned(9.25, 9.24)
     for kind, n in (("add", 2048), ("silu_mul", 14336), ("qkv", 32), ("logits", 128256)):
         configs = tune_kernels.candidates(kind, n)
         assert configs

@@ -26,6 +26,7 @@ fused matrix, so no weight is stored twice and the transformers model keeps work
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 
@@ -506,9 +507,23 @@ class GraphModel:
             self.stepwise = stepwise_limit({n: self._replay_ms(n, span) for n in range(1, self.prepared + 1)})
         self.reset()
 
-    def _replay_ms(self, n: int, span: torch.Tensor, reps: int = 10) -> float:
+    def replay_ms(self, n: int, tree: bool = False, reps: int = 20) -> float:
+        """Milliseconds a forward of n tokens (a token tree's, as a chain-shaped tree, with `tree`) takes over the
+        first span: the median of three timings of `reps` replays of its graph, captured now if it was not. Writes
+        scratch at position 0 and leaves the cache reset; for benchmarks and the kernel tuner (CUDA graphs only)."""
+        if not self.graphs:
+            raise ModelError(f"{self.name}: timing a forward's replay needs CUDA graphs")
+        if tree:  # the warm-up and the replays read the tree buffers: a chain's mask (token i sees slots 0..i)
+            self.tree[: n + 1].copy_(torch.tensor(kernels.tree_mask([range(i + 1) for i in range(n)], 0, n)))
+            self.tree_positions[:n].copy_(torch.arange(n))
+        span = self._span(min(SPAN_STEP, self.max_length))
+        ms = statistics.median(self._replay_ms(n, span, reps, tree) for _ in range(3))
+        self.reset()
+        return ms
+
+    def _replay_ms(self, n: int, span: torch.Tensor, reps: int = 10, tree: bool = False) -> float:
         """Milliseconds per replay of the captured n-token graph over `span` (writes scratch at position 0)."""
-        graph = self._graph(n, span)[0]
+        graph = self._graph(n, span, tree)[0]
         self.pos.fill_(0)
         graph.replay()
         start = sync_time(self.device)

@@ -309,6 +309,23 @@ def _tuned(device_name: str) -> dict[tuple[str, int, int], tuple[int, ...]]:
     return table
 
 
+_TRIAL: dict[tuple[str, int, int], tuple[int, ...]] = {}  # tiles on trial (`trying`), looked up before the table
+
+
+@contextlib.contextmanager
+def trying(entries: dict[tuple[str, int, int], tuple[int, ...]]):
+    """Inside the block, these tuned entries ((tuned kind, N, K) -> tiles) stand before the GPU's table: how the
+    tuner times a whole forward with the tiles it found before it keeps them. Launches only: a captured graph
+    keeps the tiles it was captured with."""
+    saved = dict(_TRIAL)
+    _TRIAL.update(entries)
+    try:
+        yield
+    finally:
+        _TRIAL.clear()
+        _TRIAL.update(saved)
+
+
 def tuned_path(device_name: str) -> Path:
     return cache_root() / "kernels" / (re.sub(r"[^A-Za-z0-9._-]+", "_", device_name) + ".json")
 
@@ -357,6 +374,8 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     rule: past 16 tokens the wide tile, else the plain weights' entry (or a default per kind), whose one-token
     tile is widened for packed weights to the bf16 tile's bytes (`packed_columns`), the head's excepted."""
     table = _tuned(torch.cuda.get_device_name(device)) if device is not None and device.type == "cuda" else {}
+    if _TRIAL:
+        table = {**table, **_TRIAL}
     exact = table.get((tuned_kind(kind, tokens, quant), n, k))
     if exact:
         return exact
