@@ -107,6 +107,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def parting_summary(measured: list[dict]) -> str | None:
+    """How many measured runs (each shape's prompts) wrote other text than plain greedy decoding, and how many of
+    those parted at a near-tie of the target's top two logits; None where none parted."""
+    parted = sum(row["parted"] for row in measured)
+    if not parted:
+        return None
+    ties = sum(row["near_ties"] for row in measured)
+    return (f"{parted} run(s) parted from plain greedy decoding; {ties} at a near-tie of the target's top two logits "
+            "(closer than the rounding difference between the forward shapes: docs/exactness.md)"
+            + ("" if ties == parted else f"; {parted - ties} NOT at a near-tie: a bug"))
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     prompts = load_prompts(args.prompts)[: args.limit or None]
@@ -186,7 +198,8 @@ def main(argv=None) -> dict:
             "tokens_per_forward": tokens / rounds, "predicted_tokens_per_forward": guess["tokens_per_forward"],
             "speedup": plain_s / spec_s, "predicted_speedup": guess["predicted_speedup"],
             "prediction_error": guess["predicted_speedup"] / (plain_s / spec_s) - 1,
-            "spec_tok_s": tokens / spec_s, "identical": f"{identical}/{len(prompts)}", "near_ties": near_ties,
+            "spec_tok_s": tokens / spec_s, "identical": f"{identical}/{len(prompts)}",
+            "parted": len(prompts) - identical, "near_ties": near_ties,
         })
     chain4 = measured[0]
     for row in measured:
@@ -206,12 +219,8 @@ def main(argv=None) -> dict:
                            ("predicted_tokens_per_forward", ".2f"), ("tokens_per_forward_vs_chain4", ".2f"),
                            ("speedup", ".2f"), ("predicted_speedup", ".2f"), ("prediction_error", "+.1%"),
                            ("identical", "s"), ("near_ties", "d")]))
-    parted = sum(int(row["identical"].split("/")[1]) - int(row["identical"].split("/")[0]) for row in measured)
-    if parted:
-        ties = sum(row["near_ties"] for row in measured)
-        print(f"{parted} run(s) parted from plain greedy decoding; {ties} at a near-tie of the target's top two logits "
-              "(closer than the rounding difference between the forward shapes: docs/exactness.md)"
-              + ("" if ties == parted else f"; {parted - ties} NOT at a near-tie: a bug"))
+    if summary := parting_summary(measured):
+        print(summary)
     result = {"task": "tree_sweep", "pair": pair.name, "device": str(pair.device), "dtype": dtype_name(pair.dtype),
               **pair.quant_setup(),
               "args": {**vars(args), "trees": [describe(t) for t in args.trees]},

@@ -145,3 +145,9 @@ def test_tree_sweep_records_what_the_policy_chose_and_what_it_cost(tmp_path, mon
     assert not any("round_detail" in r for r in rows if r.get("shape") != "auto:4")  # static shapes: no policy
     out = capsys.readouterr().out  # fp32: every run plain greedy's text, and the table says how many parted at ties
     assert "near_ties" in out and "parted" not in out
+    # bf16 on a GPU: runs may part at near-ties (said), and one that parts elsewhere is called a bug
+    rows = [{"parted": 1, "near_ties": 1}, {"parted": 2, "near_ties": 2}]
+    said = tree_sweep.parting_summary(rows)
+    assert said.startswith("3 run(s) parted") and "3 at a near-tie" in said and "bug" not in said
+    assert "1 NOT at a near-tie: a bug" in tree_sweep.parting_summary([{"parted": 2, "near_ties": 1}])
+    assert tree_sweep.parting_summary([{"parted": 0, "near_ties": 0}]) is None

@@ -139,13 +139,14 @@ def _run(kernel, grid, *args, **options) -> None:
 
 
 @contextlib.contextmanager
-def compiling_ahead(workers: int | None = None):
+def compiling_ahead(workers: int | None = None, ignore_errors: bool = False):
     """A dry run: inside the block the wrappers below launch nothing (their outputs stay unwritten) and each
     kernel variant they would launch compiles on a pool of `workers` threads, all at once (Triton's
     AsyncCompileMode); leaving the block waits for the compilations. Run once over every shape a model will launch,
     it turns a cold start's compilations, one after another, into one parallel batch (Triton's compiler releases
     the GIL in its passes and runs ptxas as a subprocess). Yields False, and changes nothing, where Triton lacks
-    AsyncCompileMode (before 3.4) or is missing."""
+    AsyncCompileMode (before 3.4) or is missing. With `ignore_errors`, a variant that fails to compile is left for
+    its launch to report (the kernel tuner's candidates); otherwise the failure is raised when the block ends."""
     try:
         import triton
 
@@ -153,7 +154,7 @@ def compiling_ahead(workers: int | None = None):
     except (ImportError, AttributeError):
         yield False
         return
-    with ThreadPoolExecutor(workers or min(16, os.cpu_count() or 1)) as pool, mode(pool):
+    with ThreadPoolExecutor(workers or min(16, os.cpu_count() or 1)) as pool, mode(pool, ignore_errors=ignore_errors):
         token = _AHEAD.set(True)
         try:
             yield True
@@ -251,7 +252,8 @@ MAX_KERNEL_TOKENS = 64  # the most one fused forward takes (a token tree's verif
 # qkv (N = half a head), add, silu_mul, logits (+ "_rows" for 2-16 tokens, "_rows32" / "_rows64" past 16, "@int4" /
 # "@int8" / "@fp8" for packed weights: `tuned_kind`). `python -m spec.tune_kernels` measures them on the GPU at hand
 # and writes <cache>/kernels/<GPU name>.json, which is read first; below is what it found on an H200 and an H100.
-# SPARK_SPEC_KERNEL_TABLE=0 ignores both (the rules alone: how a benchmark measures what tuning gave).
+# SPARK_SPEC_KERNEL_TABLE=0 ignores both (the rules alone: how a benchmark measures what tuning gave); it is read
+# once a process and GPU (`_tuned` is cached), so set it before the process starts.
 TUNED: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = {
     "NVIDIA H200": {  # Llama-3.1-8B and Llama-3.2-1B (benchmarks/h200/tune_kernels.json)
         ("qkv", 64, 4096): (2, 512, 4),
@@ -286,7 +288,6 @@ TUNED: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = {
         ("add@int8", 2048, 2048): (4, 512, 4),
         ("silu_mul@int8", 8192, 2048): (8, 128, 4),
         ("add@int8", 2048, 8192): (4, 2048, 4),
-        ("logits@int8", 128256, 2048): (16, 256, 4),
         ("qkv@int8", 32, 896): (2, 1024, 4),
         ("add@int8", 896, 896): (2, 1024, 4),
         ("silu_mul@int8", 4864, 896): (8, 256, 4),
@@ -371,8 +372,8 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     """The tiles to launch a product of n rows and k columns over `tokens` tokens with weights in `quant` with. One
     token: (rows per program, columns per iteration, warps); 2-64 tokens: the same and the software-pipelining
     depth. The tuned entry for this GPU, this token width and this format if there is one (`tuned_kind`); else a
-    rule: past 16 tokens the wide tile, else the plain weights' entry (or a default per kind), whose one-token
-    tile is widened for packed weights to the bf16 tile's bytes (`packed_columns`), the head's excepted."""
+    rule: the plain weights' entry for this width (or a default per kind: past 16 tokens the wide tile), whose
+    one-token tile is widened for packed weights to the bf16 tile's bytes (`packed_columns`), the head's excepted."""
     table = _tuned(torch.cuda.get_device_name(device)) if device is not None and device.type == "cuda" else {}
     if _TRIAL:
         table = {**table, **_TRIAL}
@@ -380,7 +381,9 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     if exact:
         return exact
     if tokens > MAX_FUSED_TOKENS:
-        return WIDE_TILES.get(kind, WIDE_TILE)
+        if kind not in ("qkv", "add", "silu_mul", "logits", "raw"):
+            raise ValueError(f"no tiles for a {kind!r} product")
+        return table.get((tuned_kind(kind, tokens), n, k)) or WIDE_TILES.get(kind, WIDE_TILE)
     config = table.get((tuned_kind(kind, tokens), n, k))
     if config is None and kind == "qkv" and tokens == 1:
         config = (min(8, _pow2(n)), 256, 4)
