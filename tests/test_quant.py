@@ -81,23 +81,28 @@ def test_int4_round_trip_within_the_derived_bound(dtype):
     assert error[1:].max() > scale[1:].min() / 4  # the bound is not vacuous: the errors are of that size
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
-def test_quant_linear_multiplies_by_the_weights_it_stands_for(scheme):
+def test_quant_linear_multiplies_by_the_weights_it_stands_for(scheme, dtype):
     """The kernel's product against fp32 x @ W^T of the de-quantised weights (bias included), for one token and
-    several, and with output rows that are not a multiple of 16 (the int4 kernel's packing, padded)."""
-    linear = torch.nn.Linear(128, 72).to(torch.bfloat16)
+    several, and with output rows that are not a multiple of 16 (the int4 kernel's packing, padded). An fp32
+    layer multiplies in bf16 on a CPU (PyTorch's packed kernels are 4-25x slower in fp32) and answers in fp32."""
+    linear = torch.nn.Linear(128, 72).to(dtype)
     layer = qz.QuantLinear(linear, scheme)
+    assert layer.scales.dtype == torch.bfloat16
     if scheme == "int8":
         w = qz.dequantize_rows(*qz.quantize_int8(linear.weight.detach()))
     else:
         padded = torch.cat([linear.weight.detach(), linear.weight.new_zeros(8, 128)])
         w = qz.dequantize_int4(*qz.quantize_int4(padded))[:72]
     for shape in ((128,), (1, 128), (2, 5, 128)):
-        x = torch.randn(shape).to(torch.bfloat16)
-        got = layer(x).float()
-        assert got.shape == (*shape[:-1], 72)
+        x = torch.randn(shape).to(dtype)
+        got = layer(x)
+        assert got.shape == (*shape[:-1], 72) and got.dtype == dtype
+        got = got.float()
         ref = x.float() @ w.t() + linear.bias.float()
-        # bf16 de-quantised weights (2^-8 of each product) and a bf16 output (2^-8 of the sum): 2^-7 sum |x w| + bias
+        # bf16 de-quantised weights (2^-8 of each product) and a bf16 output (2^-8 of the sum): 2^-7 sum |x w| + bias;
+        # fp32: x and the scales rounded to bf16 (2^-9 each), the sum in fp32: inside the same bound
         bound = 2 ** -7 * (x.float().abs() @ w.abs().t() + linear.bias.float().abs())
         assert ((got - ref).abs() <= bound).all()
 
