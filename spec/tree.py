@@ -213,8 +213,8 @@ class Layout:
 
     - `positions` [count]: each token's RoPE position (start - 1 + its depth);
     - `window` [1 + count] (int64): the mask as the graph backend's kernels read it, made on the host
-      (`window_bits`): the first slot of the last WINDOW, then for each token a bit per slot from there (slot
-      base + j is bit j; bit 63 is the sign bit); None where a token hides a slot before that window;
+      (`window_bits`): the first slot of the last TREE_WINDOW (64), then for each token a bit per slot from there
+      (slot base + j is bit j; bit 63 is the sign bit); None where a token hides a slot before that window;
     - `visible` [count, start + first + count] (bool): the same mask as a matrix, for the eager backend's attention
       mask; built when first read (about 130 µs of Python for 17 tokens, which the graph backend never needs);
     - `shape`: visible's shape, without building it.

@@ -279,6 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     if not set(roles) <= {"target", "draft"}:
         sys.exit(f"error: --roles takes target and/or draft, got {args.roles}")
     bandwidth = copy_bandwidth(pair.device, megabytes=2048, reps=10, trials=1)
+    label = {role: role + ("" if quant == "none" else " " + quant) for role, quant in quants.items()}
     rows = []
     with torch.no_grad():
         for role in roles:
@@ -288,20 +289,19 @@ def main(argv: list[str] | None = None) -> None:
             model = GraphModel(m.model, m.vocab, name=role, max_length=256, quant=quants[role])
             for t in tokens:
                 found = tune(model, bandwidth, role, t, tuple(args.products.split(",")))
-                entries = {(r["kind"], r["n"], r["k"]): (r["bn"], r["block_k"], r["warps"],
-                                                         *([r["stages"]] if "stages" in r else [])) for r in found}
-                before, after = whole_forward_ms(m, role, quants[role], t, entries)
+                if not found:
+                    continue
+                before, after = whole_forward_ms(m, role, quants[role], t, dict(map(kernels.tuned_entry, found)))
                 kept = keep_tuned(before, after)
-                print(f"{role}{'' if quants[role] == 'none' else ' ' + quants[role]} x{t}: the whole forward "
-                      f"{before:.3f} ms as the table stands, {after:.3f} ms with these tiles: "
-                      + ("kept" if kept else "not kept (a product timed alone is not a step)"))
+                print(f"{label[role]} x{t}: the whole forward {before:.3f} ms as the table stands, {after:.3f} ms "
+                      "with these tiles: " + ("kept" if kept else "not kept (a product timed alone is not a step)"))
                 rows += [{**r, "forward_ms": before, "forward_ms_tuned": after, "kept": kept} for r in found]
     name = torch.cuda.get_device_name(pair.device)
     print(table(rows, [("role", "s"), ("product", "s"), ("quant", "s"), ("tokens", "d"), ("n", "d"), ("k", "d"),
                        ("bn", "d"), ("block_k", "d"), ("warps", "d"), ("us", ".2f"), ("tb_s", ".2f"),
                        ("of_copy", ".2f"), ("default_us", ".2f"), ("cublas_us", ".2f"), ("rejected", "d")]))
     layers = {role: len(getattr(pair, role).model.model.layers) for role in roles}
-    total = {f"{role}{'' if quants[role] == 'none' else ' ' + quants[role]} x{t}":
+    total = {f"{label[role]} x{t}":
              sum(r["us"] * (1 if r["product"] == "head" else layers[role])
                  for r in rows if r["role"] == role and r["tokens"] == t)
              for role in roles for t in tokens}

@@ -86,7 +86,7 @@ def test_int4_round_trip_within_the_derived_bound(dtype):
 def test_quant_linear_multiplies_by_the_weights_it_stands_for(scheme, dtype):
     """The kernel's product against fp32 x @ W^T of the de-quantised weights (bias included), for one token and
     several, and with output rows that are not a multiple of 16 (the int4 kernel's packing, padded). An fp32
-    layer multiplies in bf16 on a CPU (PyTorch's packed kernels are 4-25x slower in fp32) and answers in fp32."""
+    layer multiplies in bf16 on a CPU (PyTorch's packed kernels are 9-29x slower in fp32) and answers in fp32."""
     linear = torch.nn.Linear(128, 72).to(dtype)
     layer = qz.QuantLinear(linear, scheme)
     assert layer.scales.dtype == torch.bfloat16

@@ -435,6 +435,12 @@ class GraphModel:
         self.tree_positions[:n].copy_(positions)
         return window[1:], positions
 
+    def _load_chain_tree(self, n: int) -> None:
+        """A chain of n tokens from slot 0 into the tree buffers (token i sees slots 0..i, at position i): what tree
+        forwards read while they are captured or timed with no real tree at hand."""
+        self.tree[: n + 1].copy_(torch.tensor(kernels.tree_mask([range(i + 1) for i in range(n)], 0, n)))
+        self.tree_positions[:n].copy_(torch.arange(n))
+
     def _prefill(self, ids: torch.Tensor, keep: int, tree: tuple[torch.Tensor, torch.Tensor] | None = None
                  ) -> torch.Tensor:
         """A forward longer than the prepared graphs (a prompt, or a tree of more than `prefill_chunk` nodes: `tree`
@@ -485,11 +491,8 @@ class GraphModel:
                 sizes = sorted({*sizes, self.prefill_chunk})
             shapes += [(n, span, False) for n in sizes]
             shapes += [(n, span, True) for n in range(1, min(tree_tokens, MAX_GRAPH_TOKENS, span.shape[0]) + 1)]
-        if tree_tokens:  # the warm-up runs read the tree buffers: a chain's mask (token i sees slots 0..i)
-            widest = min(tree_tokens, MAX_GRAPH_TOKENS)
-            chain_mask = kernels.tree_mask([range(i + 1) for i in range(widest)], 0, widest)
-            self.tree[: widest + 1].copy_(torch.tensor(chain_mask))
-            self.tree_positions[:widest].copy_(torch.arange(widest))
+        if tree_tokens:  # the warm-up runs read the tree buffers
+            self._load_chain_tree(min(tree_tokens, MAX_GRAPH_TOKENS))
         if self.fused_tokens and not self.compiled:
             # The captures' kernel variants (~40 a model, a few per product shape and per span), compiled all at
             # once on a thread pool instead of one after another as the captures reach them: the cold start's
@@ -513,9 +516,8 @@ class GraphModel:
         scratch at position 0 and leaves the cache reset; for benchmarks and the kernel tuner (CUDA graphs only)."""
         if not self.graphs:
             raise ModelError(f"{self.name}: timing a forward's replay needs CUDA graphs")
-        if tree:  # the warm-up and the replays read the tree buffers: a chain's mask (token i sees slots 0..i)
-            self.tree[: n + 1].copy_(torch.tensor(kernels.tree_mask([range(i + 1) for i in range(n)], 0, n)))
-            self.tree_positions[:n].copy_(torch.arange(n))
+        if tree:  # the warm-up and the replays read the tree buffers
+            self._load_chain_tree(n)
         span = self._span(min(SPAN_STEP, self.max_length))
         ms = statistics.median(self._replay_ms(n, span, reps, tree) for _ in range(3))
         self.reset()

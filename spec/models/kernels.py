@@ -304,10 +304,14 @@ def _tuned(device_name: str) -> dict[tuple[str, int, int], tuple[int, ...]]:
     table = dict(TUNED.get(device_name, {}))
     path = tuned_path(device_name)
     if path.is_file():
-        for row in json.loads(path.read_text())["configs"]:
-            table[(row["kind"], row["n"], row["k"])] = tuple(row[key] for key in ("bn", "block_k", "warps", "stages")
-                                                                if key in row)
+        table.update(tuned_entry(row) for row in json.loads(path.read_text())["configs"])
     return table
+
+
+def tuned_entry(row: dict) -> tuple[tuple[str, int, int], tuple[int, ...]]:
+    """A tuned row (kind, n, k, bn, block_k, warps and, past one token, stages) as the table holds it."""
+    return (row["kind"], row["n"], row["k"]), tuple(row[key] for key in ("bn", "block_k", "warps", "stages")
+                                                    if key in row)
 
 
 _TRIAL: dict[tuple[str, int, int], tuple[int, ...]] = {}  # tiles on trial (`trying`), looked up before the table
@@ -380,11 +384,11 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     exact = table.get((tuned_kind(kind, tokens, quant), n, k))
     if exact:
         return exact
+    config = table.get((tuned_kind(kind, tokens), n, k))  # the plain weights' entry
     if tokens > MAX_FUSED_TOKENS:
         if kind not in ("qkv", "add", "silu_mul", "logits", "raw"):
             raise ValueError(f"no tiles for a {kind!r} product")
-        return table.get((tuned_kind(kind, tokens), n, k)) or WIDE_TILES.get(kind, WIDE_TILE)
-    config = table.get((tuned_kind(kind, tokens), n, k))
+        return config or WIDE_TILES.get(kind, WIDE_TILE)
     if config is None and kind == "qkv" and tokens == 1:
         config = (min(8, _pow2(n)), 256, 4)
     elif config is None:
