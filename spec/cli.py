@@ -9,7 +9,7 @@ import sys
 from spec import log, tree
 from spec.io import load_prompts
 from spec.models import BACKENDS, PAIR_CHOICES, PAIRS, ModelError, Pair, load_pair
-from spec.models.quant import QUANTS
+from spec.models.quant import DRAFT_QUANTS, QUANTS
 from spec.policy import TreePolicy, parse_k
 
 
@@ -21,11 +21,13 @@ def add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None:
     g.add_argument("--target", help="override the target: hub id, local folder, or .gguf path")
     if draft:
         g.add_argument("--draft", help="override the draft: hub id, local folder, or .gguf path")
-        g.add_argument("--draft-quant", default="none", choices=QUANTS,
-                       help="the draft's weights: none (its dtype, default), int8 (a scale per row), int4 (a scale "
-                            "and offset per 32 inputs) or fp8 (e4m3, a scale per row; GPUs that read fp8 only), "
-                            "weight-only; changes no answer, since the acceptance rule keeps the target's "
-                            "distribution for any draft (docs/quantization.md)")
+        g.add_argument("--draft-quant", default="auto", choices=DRAFT_QUANTS,
+                       help="the draft's weights: none (its dtype), int8 (a scale per row), int4 (a scale and offset "
+                            "per 32 inputs) or fp8 (e4m3, a scale per row; GPUs that read fp8 only), weight-only; "
+                            "auto (default): the format measured fastest where the draft runs, int4 on a CPU, int8 "
+                            "in the graph backend's kernels on a GPU, else none. Any of them changes no answer, since "
+                            "the acceptance rule keeps the target's distribution for any draft "
+                            "(docs/quantization.md)")
         g.add_argument("--allow-other-family", action="store_true",
                        help="accept a draft whose tokenizer differs (ids are remapped; an experiment, not a speedup)")
     g.add_argument("--target-quant", default="none", choices=QUANTS,

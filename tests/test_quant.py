@@ -128,6 +128,27 @@ def test_errors_name_the_format_and_the_reason():
         parser.parse_args(["--draft-quant", "int3"])
 
 
+def test_auto_picks_the_draft_format_measured_fastest_where_the_draft_runs():
+    """int4 on a CPU, int8 there when a layer's inputs do not split into groups of 32, int8 in the graph backend's
+    fused kernels in half precision, none on any other device; the command line's default, resolved when the draft
+    loads."""
+    model = build_tiny("draft", torch.device("cpu"), torch.float32)
+    assert qz.auto_quant(model, fused_kernels=False)[0] == "int4"
+    assert qz.auto_quant(model, fused_kernels=True)[0] == "none"  # fp32: measured in half precision only
+    assert qz.auto_quant(model.to(torch.bfloat16), fused_kernels=True)[0] == "int8"
+    model.float()
+    model.model.layers[0].mlp.down_proj = torch.nn.Linear(100, 64, bias=False)  # 100 inputs: no groups of 32
+    scheme, why = qz.auto_quant(model, fused_kernels=False)
+    assert scheme == "int8" and "groups of 32" in why
+    assert qz.auto_quant(model.to("meta"), fused_kernels=False)[0] == "none"
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    assert parser.parse_args([]).draft_quant == "auto"
+    pair = load_pair("tiny", device="cpu", draft_quant="auto")
+    assert pair.draft_quant == "int4" and isinstance(pair.draft.model.lm_head, qz.QuantLinear)
+    assert load_pair("tiny", device="cpu", draft_quant="none").draft_quant == "none"
+
+
 @pytest.fixture(scope="module", params=["int8", "int4"])
 def quantized(request):
     return load_pair("tiny", device="cpu", draft_quant=request.param)
@@ -407,7 +428,7 @@ def test_spec_greedy_names_the_target_format_and_reports_it(monkeypatch, tmp_pat
     out = spec_greedy.main(["--pair", "tiny", "--limit", "2", "--max-new-tokens", "8", "--target-quant", "int8",
                             "--quiet"])
     printed = capsys.readouterr().out
-    assert out["target_quant"] == "int8" and out["draft_quant"] == "none"
+    assert out["target_quant"] == "int8" and out["draft_quant"] == "int4"  # --draft-quant auto, on a CPU
     report = out["target_quant_report"]
     assert report["prompts"] == 2 and report["positions"] <= 16 and 0 <= report["agreement"] <= 1  # its own set
     assert "int8 TARGET" in printed and "plain greedy decoding of the int8 target" in printed

@@ -102,6 +102,14 @@ def fused_step_reason(model) -> str | None:
     return None
 
 
+def packed_weights_reason(model) -> str | None:
+    """Why a `GraphModel` with its default settings cannot run this model's weights packed (int8 / int4 / fp8 in
+    its fused kernels), or None if it can."""
+    if not kernels.available():
+        return "Triton or a CUDA device is missing"
+    return fused_step_reason(model)
+
+
 def stepwise_limit(ms: dict[int, float]) -> int:
     """From milliseconds per forward by token count (1 included): the most tokens n for which n one-token steps
     cost less than one n-token forward, at every count up to n; 0 when two steps already cost more than one forward

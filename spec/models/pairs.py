@@ -12,10 +12,10 @@ import torch
 from spec import log
 from spec.models.base import Model, ModelError, dtype_name, parameter_bytes, pick_device, pick_dtype
 from spec.models.eager import EagerModel
-from spec.models.graph import GraphModel, unsupported_reason
+from spec.models.graph import GraphModel, packed_weights_reason, unsupported_reason
 from spec.models.hub import from_gguf_file, from_hub, from_pretrained, hub_cached
 from spec.models.packaged import load_packaged
-from spec.models.quant import quant_error, quantize_model
+from spec.models.quant import AUTO, auto_quant, quant_error, quantize_model
 from spec.models.quant_report import Reference, compare, describe, reference_run
 from spec.models.synthetic import build_random, build_tiny
 from spec.models.tokens import byte_tokenizer, chat_ids, eos_ids, shared_vocab
@@ -101,9 +101,10 @@ def make_model(model, vocab: int | None, backend: str, name: str, max_length: in
     """Wrap a transformers model for the loop: `eager` -> EagerModel, `graph` -> GraphModel (CUDA, Llama/Qwen2),
     `auto` -> graph where it can run, else eager with the reason logged. `compile` (default: the
     graph backend's own rule) and `pdl` (programmatic dependent launch of its kernels) apply to the graph backend.
-    `quant` (int8 / int4, spec/models/quant.py): the eager backend replaces the model's Linear layers in place,
-    the graph backend packs its fused matrices for its kernels; either way the wrapper's `quantized` says what was
-    done (None for none). `what` names the flag in errors (default: `name`)."""
+    `quant` (int8 / int4 / fp8, spec/models/quant.py): the eager backend replaces the model's Linear layers in
+    place, the graph backend packs its fused matrices for its kernels; either way the wrapper's `quantized` says
+    what was done (None for none). `auto` (a draft's default on the command line): the format `quant.auto_quant`
+    picks for where the model runs, logged with why. `what` names the flag in errors (default: `name`)."""
     if backend not in BACKENDS:
         raise ModelError(f"unknown backend {backend!r}; choose {', '.join(BACKENDS)}")
     if backend != "eager":
@@ -111,6 +112,8 @@ def make_model(model, vocab: int | None, backend: str, name: str, max_length: in
         if reason is None and model.device.type != "cuda":
             reason = f"it needs a CUDA device (the model is on {model.device})"
         if reason is None:
+            if quant == AUTO:
+                quant = _auto(model, name, packed_weights_reason(model) is None)
             graph = GraphModel(model, vocab, name=name, max_length=max_length, compile=compile, pdl=pdl, quant=quant)
             graph.quantized = None if quant == "none" else {
                 "scheme": quant, "seconds": graph.quant_seconds, "cache": "packed on the GPU for the fused kernels"}
@@ -118,10 +121,18 @@ def make_model(model, vocab: int | None, backend: str, name: str, max_length: in
         if backend == "graph":
             raise ModelError(f"{name}: --backend graph cannot run: {reason}")
         log.info(f"{name}: backend auto -> eager, because {reason}")
+    if quant == AUTO:
+        quant = _auto(model, name, fused_kernels=False)
     done = quantize_model(model, quant, what or name) if quant != "none" else None
     eager = EagerModel(model, vocab, name=name)
     eager.quantized = done
     return eager
+
+
+def _auto(model, name: str, fused_kernels: bool) -> str:
+    scheme, why = auto_quant(model, fused_kernels)
+    log.info(f"{name}: weights auto -> {scheme}: {why}")
+    return scheme
 
 
 def describe_quantized(name: str, model: Model, before: int) -> str:
@@ -195,7 +206,9 @@ def load_pair(
 
     backend: `eager` (`EagerModel`: transformers' forward over a DynamicCache, runs everywhere), `graph` (static KV
     cache + CUDA graphs, spec/models/graph.py) or `auto` (graph where it can run, else eager, saying why).
-    draft_quant: `none`, or `int8` / `int4` weight-only draft weights (spec/models/quant.py; changes no answer).
+    draft_quant: `none`, `int8` / `int4` / `fp8` weight-only draft weights (spec/models/quant.py; changes no
+    answer), or `auto`: the format measured fastest where the draft runs (`quant.auto_quant`; the command line's
+    default). `Pair.draft_quant` says which format the draft got.
     target_quant: the same for the target, which CHANGES THE MODEL: the pair then serves the quantized target, and
     every exactness claim is against it. Before quantizing, the unquantized target writes greedy continuations of
     `report_prompts` (messages or strings, as `chat_ids` takes them; `report_tokens` each), or `reference` is
@@ -210,7 +223,8 @@ def load_pair(
         name = "custom" if covered else name
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype or preset.dtype)
-    reason = (quant_error("--draft-quant", draft_quant, dev) if with_draft else None) or quant_error(
+    checked = with_draft and draft_quant != AUTO  # auto is decided once the draft is loaded, and always runs
+    reason = (quant_error("--draft-quant", draft_quant, dev) if checked else None) or quant_error(
         "--target-quant", target_quant, dev)
     if reason:  # before anything loads
         raise ModelError(reason)
@@ -245,7 +259,8 @@ def load_pair(
     return Pair(
         name=name, target=target_model, draft=draft_model,
         tokenizer=t.tokenizer, eos=eos_ids(t.model, t.tokenizer), device=dev, dtype=dt, load_seconds=seconds,
-        why=why, draft_tokenizer=draft_tokenizer, draft_quant=draft_quant if with_draft else "none",
+        why=why, draft_tokenizer=draft_tokenizer,
+        draft_quant=draft_model.quantized["scheme"] if draft_model is not None and draft_model.quantized else "none",
         target_quant=target_quant, target_report=report,
     )
 

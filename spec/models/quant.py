@@ -55,6 +55,8 @@ from spec import log
 from spec.models.base import ModelError, cache_root
 
 QUANTS = ("none", "int8", "int4", "fp8")
+AUTO = "auto"
+DRAFT_QUANTS = (AUTO, *QUANTS)  # --draft-quant also takes auto (the default): `auto_quant` picks the format
 GROUP = 32  # inputs per int4 scale and offset: Q4_K_M's block size, and the smallest the int4 kernel takes
 INT4_ROWS = 16  # the int4 kernel packs output rows in multiples of 16; the head's rows are padded up to it
 
@@ -72,6 +74,34 @@ def quant_error(what: str, scheme: str, device: torch.device | str) -> str | Non
         flag = what.split(":")[0] if what.startswith("--") else "--draft-quant / --target-quant"
         return f"{what}: {scheme} weights run on a CPU or a CUDA GPU, not on {device.type}; use {flag} none there"
     return None
+
+
+def auto_quant(model, fused_kernels: bool) -> tuple[str, str]:
+    """`--draft-quant auto` (the command line's default): the draft format that decoded fastest where this draft
+    runs, and why, for the log. Any format changes no answer (the rule keeps the target's distribution for any
+    draft), so the choice is speed alone, measured:
+
+    - on a CPU, int4 (int8 where a layer's inputs do not split into groups of GROUP): the default
+      `python -m spec.spec_greedy` (the real pair, 3 code prompts x 64 tokens, K = 4, bf16, 2 cores) ran 2.00x
+      plain decoding with an int4 draft, 1.60x with int8 and 1.26x with the bf16 draft, in one session on one idle
+      machine; in fp32, int4 1.33-1.36x against 0.95-0.98x (docs/quantization.md);
+    - in the graph backend's fused kernels (`fused_kernels`: CUDA) in half precision, int8: the real pair's 0.5B
+      draft on an H100 1.30x / 1.21x plain on code / short against bf16's 1.18x / 1.06x (on an H200 1.18x / 1.12x
+      against 1.19x / 1.06x), the 1B draft's step 0.74 ms against 1.06 in bf16 (H100); int4's de-quantising in
+      registers costs a one-token product on a fast GPU more than its bytes save (0.78 ms);
+    - elsewhere (MPS; the eager backend on CUDA, whose steps are launch-bound, so fewer bytes buy nothing): none."""
+    weight = next(model.parameters())
+    if fused_kernels and weight.dtype in (torch.bfloat16, torch.float16):
+        return "int8", "the fastest draft format measured in the graph backend's fused kernels"
+    if fused_kernels:
+        return "none", "int8 was measured faster in half precision; an fp32 draft (exactness runs) keeps its weights"
+    device = weight.device
+    if device.type != "cpu":
+        return "none", f"packed weights buy a {device.type} eager step nothing"
+    shapes = [tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if all(pack_error(shape, "int4") is None for shape in shapes):
+        return "int4", "the fastest draft format measured on a CPU"
+    return "int8", f"int4 is the fastest on a CPU, but a layer's inputs do not split into groups of {GROUP}"
 
 
 def fp8_device(device: torch.device) -> bool:
