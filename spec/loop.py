@@ -6,7 +6,8 @@ One round:
   3. a pure rule (greedy or sampling) accepts n of the drafts and gives the fix or bonus token;
   4. the text grows by n + 1 tokens and both caches roll back to the true text less its last token, which the
      next round feeds first.
-With k = 0 (or a drafter that finds nothing) a round is exactly one step of plain decoding.
+With k = 0 (or a drafter that finds nothing) a round is exactly one step of plain decoding. The server makes a
+generation's first round such a step (`first_alone`), so that its first token streams as soon as plain decoding's.
 
 A drafter may propose a token tree instead of a chain (spec/tree.py): the same round, with the target's forward
 over all nodes under a tree layout, the tree rules (`tree_greedy`, `tree_accept`) choosing the accepted path, and
@@ -95,6 +96,7 @@ def speculate(
     seed: int | None = None,
     logprobs: int | None = None,
     decoding: Decoding | None = None,
+    first_alone: bool = False,
 ) -> Iterator[Round]:
     """Generate up to `max_new_tokens` tokens after `prompt`, one `Round` at a time.
 
@@ -106,6 +108,12 @@ def speculate(
     `seed` keys the coupled mode's noise (`Sampling(coupled=True)`); `logprobs=N` reports each emitted token's
     log-probability and the N most likely under the target's raw distribution. `decoding` replaces the state built
     from `sampling` and `seed` (how the token counts and noise are kept).
+
+    `first_alone` (the server's way): the first round is a plain step (K = 0) and the drafter reads the prompt only
+    after it, so the first token is out after the target's prefill and one step, as in plain decoding, not after
+    the draft's prefill and a whole round. The policy neither chooses nor sees that round; the next round's drafter
+    catches up on two tokens, as after a round that kept every draft. No token changes; a generation then takes
+    about one target step longer (its first token came alone).
     """
     policy = FixedK(k) if isinstance(k, int) else k
     prompt = list(prompt)
@@ -132,18 +140,20 @@ def speculate(
     target.reset()
     drafter.rollback(0)
     start = sync_time(device)
+    read_prompt = len(prompt) > 1 and policy.reads_prompt(len(prompt) - 1)
     if len(prompt) > 1:
         target.forward(prompt[:-1], keep=1)
-        if policy.reads_prompt(len(prompt) - 1):
+        if read_prompt and not first_alone:
             drafter.prefill(prompt[:-1])
     prefill_s = sync_time(device) - start
+    alone = first_alone  # this round is the first, and comes alone
 
     seq = prompt
     emitted = 0
     last = None  # the last emitted token as the rule left it on the device (saves a host-to-device copy)
     while True:
         t0 = clock()
-        want = policy.next_k()  # K, or a tree policy's shape (its depth is K)
+        want = 0 if alone else policy.next_k()  # K, or a tree policy's shape (its depth is K)
         shape = want if isinstance(want, tuple) else None
         k_now = max(0, min(len(shape) if shape else want, max_new_tokens - emitted - 1))
         # tokens [n], q [n, V] | None, tree | None
@@ -193,10 +203,14 @@ def speculate(
         rnd = Round(new, len(draft_ids), len(path), t1 - t0, t2 - t1, clock() - t0, prefill_s, finish, reported,
                     slots, draft.forwards, len(fed))
         prefill_s = 0.0
-        policy.observe(rnd)
+        if not alone:
+            policy.observe(rnd)
         yield rnd
         if finish:
             return
+        if alone and read_prompt:  # the first token is out: now the drafter reads the prompt
+            drafter.prefill(prompt[:-1])
+        alone = False
 
 
 def cut(tokens: list[int], stop_ids: frozenset[int], room: int) -> tuple[list[int], str | None]:

@@ -188,6 +188,17 @@ def test_streaming_equals_non_streaming(server, greedy_chat):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_the_first_token_comes_alone_and_the_rest_in_rounds(server):
+    """--first-token alone (the default): the first chunk carries one token (a plain step after the prefill), where
+    the first round of this prompt keeps all 4 drafts (with `--first-token with-round` its first chunk carries 5);
+    later chunks carry whole rounds, several tokens at a time."""
+    chunks = list(server.client().completions.create(
+        model="tiny", prompt="Write a haiku about caches.", max_tokens=24, temperature=0, stream=True, logprobs=1,
+        extra_body={"ignore_eos": True}))
+    counts = [len(c.choices[0].logprobs.tokens) for c in chunks if c.choices and c.choices[0].logprobs]
+    assert counts[0] == 1 and counts[1] > 1 and sum(counts) == 24
+
+
 def test_sse_wire_format(server):
     body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 6, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=server.headers(),

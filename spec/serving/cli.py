@@ -41,6 +41,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--k", default=4, type=parse_k, help="drafts per round: an integer, or auto / auto:MAX "
                    "(adaptive K, chosen each round from measured acceptance and costs)")
     add_tree_arg(g)
+    g.add_argument("--first-token", default="alone", choices=["alone", "with-round"],
+                   help="alone (default): a request's first token is streamed after the target's prefill and one "
+                        "step, as with plain decoding, and the draft reads the prompt after it; with-round: the "
+                        "first token comes with the first round's accepted drafts (one target step less a "
+                        "request, a later first token). No token changes either way")
     g = parser.add_argument_group("serving")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 exposes it)")
     g.add_argument("--port", type=int, default=8000)
@@ -78,7 +83,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     log.QUIET = args.quiet
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
-    engine = Engine(args.method, args.k, args.queue, args.request_timeout, args.tree)
+    engine = Engine(args.method, args.k, args.queue, args.request_timeout, args.tree,
+                    first_alone=args.first_token == "alone")
     model_name = args.served_model_name or args.target or resolve_pair(args.pair)[0]
     failed = []
 

@@ -94,8 +94,10 @@ class Engine:
     has run out of grace.
     """
 
-    def __init__(self, method: str, k, queue_size: int, request_timeout: float, tree: tuple[int, ...] | None = None):
+    def __init__(self, method: str, k, queue_size: int, request_timeout: float, tree: tuple[int, ...] | None = None,
+                 first_alone: bool = True):
         self.method = method
+        self.first_alone = first_alone  # stream the first token after one plain step (spec.loop.speculate)
         self.tree = tree  # a token tree's branching per depth (spec/tree.py), or None for chains
         self.k = k  # an int, or a factory of an adaptive KPolicy (spec.policy.parse_k)
         # One adaptive policy per decoding mode, kept across requests: its estimates of alpha and c stay valid from
@@ -210,7 +212,7 @@ class Engine:
         rounds = speculate(pair.target, self.drafter, job.prompt, job.max_tokens,
                            k=self.k_for(job.sampling), sampling=job.sampling,
                            generator=generator, eos=() if job.ignore_eos else pair.eos, seed=seed,
-                           logprobs=job.logprobs,
+                           logprobs=job.logprobs, first_alone=self.first_alone,
                            timing=not isinstance(self.k, int))  # adaptive K learns from synced phase times
         try:
             for rnd in rounds:
