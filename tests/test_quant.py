@@ -69,8 +69,10 @@ def test_fp8_runs_only_where_the_gpu_reads_it(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_int4_round_trip_within_the_derived_bound(dtype):
+    """Min-max (no search): every entry within the derived bound. The search: each group's squared error at most
+    min-max's, and on these weights clearly below it in all."""
     w = weights(64, 128, dtype)
-    codes, sz = qz.quantize_int4(w)
+    codes, sz = qz.quantize_int4(w, search=False)
     assert sz.shape == (128 // qz.GROUP, 64, 2) and codes.min() >= 0 and codes.max() <= 15
     scale, zero = (sz[..., i].float().t().repeat_interleave(qz.GROUP, 1) for i in (0, 1))  # per entry [N, K]
     u = torch.finfo(dtype).eps / 2
@@ -79,6 +81,25 @@ def test_int4_round_trip_within_the_derived_bound(dtype):
     bound = scale / 2 + u * (zero.abs() + 8 * scale) + 8 * torch.finfo(torch.float32).eps * (w.float().abs() + 1)
     assert (error <= bound).all()
     assert error[1:].max() > scale[1:].min() / 4  # the bound is not vacuous: the errors are of that size
+    searched = (qz.dequantize_int4(*qz.quantize_int4(w)) - w.float()).square()
+    by_group = lambda e: e.view(64, -1, qz.GROUP).sum(-1)  # noqa: E731
+    assert (by_group(searched) <= by_group(error.square())).all()
+    assert searched.sum() < 0.9 * error.square().sum()
+
+
+def test_int4_search_finds_a_4_bit_grid_that_min_max_misses():
+    """Weights that are already 4-bit in groups of 32 (as a Q4_K GGUF's, de-quantised) whose top code goes unused
+    (codes 0..14): min-max spreads 16 codes over the range of 15 and rounds nearly every entry; the search finds the
+    grid again (its error only the scales' rounding to bf16)."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randint(0, 15, (32, 256), generator=gen).float()
+    q[:, ::32], q[:, 1::32] = 0, 14  # each group spans exactly codes 0..14
+    s = torch.rand(32, 8, 1, generator=gen) * 0.01 + 0.001
+    z = torch.randn(32, 8, 1, generator=gen) * 0.01
+    w = ((q.view(32, 8, 32) - 8) * s + z).view(32, 256).to(torch.bfloat16)
+    error = {search: (qz.dequantize_int4(*qz.quantize_int4(w, search=search)) - w.float()).square().sum()
+             for search in (False, True)}
+    assert error[True] < 0.05 * error[False]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
