@@ -41,7 +41,8 @@ class Round:
     draft_s: float
     verify_s: float
     total_s: float
-    prefill_s: float = 0.0  # only on the first round: the prompt's forward through target and drafter
+    prefill_s: float = 0.0  # only on the first round: the prompt's forward through target and drafter (through
+    # the target only with speculate's first_alone, whose drafter reads the prompt after that round, timed nowhere)
     finish: str | None = None  # "stop" (EOS), "length" (max_new_tokens), or None while generation goes on
     # With `logprobs=N`: per emitted token, (its log-probability, the N most likely (id, log-probability)) under the
     # target's raw distribution at that position (its logits before any warp).
@@ -111,9 +112,11 @@ def speculate(
 
     `first_alone` (the server's way): the first round is a plain step (K = 0) and the drafter reads the prompt only
     after it, so the first token is out after the target's prefill and one step, as in plain decoding, not after
-    the draft's prefill and a whole round. The policy neither chooses nor sees that round; the next round's drafter
-    catches up on two tokens, as after a round that kept every draft. No token changes; a generation then takes
-    about one target step longer (its first token came alone).
+    the draft's prefill and a whole round (whose time then counts in no round). The policy does not choose that
+    round but sees it, as any K = 0 round: it marks a new generation (`prefill_s`), times a target step, and
+    leaves the drafter one token behind, which the next round's first draft forward reads with the one it always
+    reads. Greedy and coupled output are unchanged; sampled output keeps the target's law, though a seed then gives
+    another text; a generation takes about one target step longer (its first token came alone).
     """
     policy = FixedK(k) if isinstance(k, int) else k
     prompt = list(prompt)
@@ -203,8 +206,7 @@ def speculate(
         rnd = Round(new, len(draft_ids), len(path), t1 - t0, t2 - t1, clock() - t0, prefill_s, finish, reported,
                     slots, draft.forwards, len(fed))
         prefill_s = 0.0
-        if not alone:
-            policy.observe(rnd)
+        policy.observe(rnd)
         yield rnd
         if finish:
             return

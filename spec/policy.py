@@ -102,8 +102,9 @@ class AdaptiveK:
     max_k: the largest K it may choose. memory: how many observations an estimate mostly reflects.
     probe_budget: the share of time probes may cost. prior_alpha: the acceptance assumed before any round.
 
-    The first rounds measure what the formula needs: K = 1 (a draft step; right after the prefill the drafter is in
-    step with the text) and K = 0 (a target step). From then on every choice comes from the estimates.
+    The first rounds measure what the formula needs: K = 1 (a draft step, timed once the drafter is in step with the
+    text: right after the prefill, or, behind a plain first round (speculate's first_alone), at the K = 1 round
+    after the one that catches up) and K = 0 (a target step). From then on every choice comes from the estimates.
     """
 
     def __init__(self, max_k: int = 8, memory: float = 32, probe_budget: float = 0.02, prior_alpha: float = 0.5):
@@ -382,6 +383,7 @@ class TreePolicy:
         self.verify = LineFit(memory)  # seconds = a_v + b_v tokens
         self.overhead = Decayed(memory)
         self._boot = [(1,), 0, (2, 1) if max_depth > 1 and max_nodes >= 3 else (min(2, max_nodes),)]
+        self._asked = False  # next_k was called since the last round observed (a round it did not choose: False)
         self._lag = 0  # tokens plain rounds emitted since the drafter last ran (its next forward reads them)
         self._credit = 0.0
         self._probing = False
@@ -437,6 +439,7 @@ class TreePolicy:
         return max(predicted, key=lambda item: (item[1], -sum(widths(item[0]))))
 
     def next_k(self) -> int | tuple[int, ...]:
+        self._asked = True
         if self._boot:
             return self._boot[0]
         shape, _ = self.choice()
@@ -472,8 +475,9 @@ class TreePolicy:
         return self._stalls < STALL_RUN
 
     def observe(self, rnd: Round) -> None:
-        if self._boot:
+        if self._boot and self._asked:  # a round the loop ran on its own (speculate's first_alone) measures no boot
             self._boot.pop(0)
+        self._asked = False
         probing, self._probing = self._probing, False
         self.hazards.add(rnd.slots)
         if not self._stalled(rnd):

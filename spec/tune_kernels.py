@@ -48,6 +48,7 @@ from spec.harness import copy_bandwidth
 from spec.io import save_json, table
 from spec.models import dtype_name, kernels
 from spec.models.graph import GraphModel
+from spec.models.quant import AUTO
 
 
 def _time_graph(run, layers: int, replays: int = 20) -> float:
@@ -259,8 +260,10 @@ def main(argv: list[str] | None = None) -> None:
     args.backend = "eager"
     if not kernels.available():
         sys.exit("error: tuning needs a CUDA device and Triton")
-    quants = {"target": args.target_quant, "draft": args.draft_quant}
-    args.target_quant = args.draft_quant = "none"  # the pair loads plain; GraphModel packs what is tuned
+    # The format named is the one tuned (--draft-quant auto, the command line's default, tunes the draft's own
+    # weights); the pair loads plain and GraphModel packs what is tuned.
+    quants = {"target": args.target_quant, "draft": "none" if args.draft_quant == AUTO else args.draft_quant}
+    args.target_quant = args.draft_quant = "none"
     pair = load_from_args(args)
     if pair.device.type != "cuda":
         sys.exit("error: tuning needs a CUDA device (pass --device cuda)")

@@ -210,7 +210,7 @@ def test_untimed_runs_still_wait_for_the_prefill(tiny, prompts, monkeypatch):
 
 
 def test_first_alone_streams_the_first_token_after_one_plain_step(tiny, prompts, reference):
-    """The server's way: the first round is a plain step the policy neither chooses nor sees, the drafter has read
+    """The server's way: the first round is a plain step the policy does not choose but sees, the drafter has read
     nothing when its token is out, and its first proposal catches up on the prompt's last token and that first
     token; the text is plain greedy decoding's."""
     from spec.loop import FixedK, speculate
@@ -235,17 +235,49 @@ def test_first_alone_streams_the_first_token_after_one_plain_step(tiny, prompts,
         assert first.tokens == want[:1] and first.drafted == 0 and tiny.draft.length == 0
         rest = list(rounds)
         assert first.tokens + [t for r in rest for t in r.tokens] == want
-        assert rest[0].forwards[0] == 2 and policy.asked == policy.seen == len(rest)
+        assert rest[0].forwards[0] == 2 and policy.asked == len(rest) and policy.seen == len(rest) + 1
         assert sum(r.accepted for r in rest) > 0
 
 
 def test_first_alone_keeps_the_targets_law(tiny, monkeypatch):
-    """The first 3 tokens of 400 seeded generations through the loop with `first_alone` against the target's exact
-    sequence probabilities; the softmax-q bug in the rounds after the first must still fail."""
+    """The first 4 tokens of 400 seeded generations through the loop with `first_alone` (a plain first token, then
+    a round of K = 2 drafts) against the target's exact sequence probabilities; the softmax-q bug in that round must
+    still fail."""
     import functools
 
     from spec import dist_test as dt
 
     monkeypatch.setattr(dt, "generate", functools.partial(generate, first_alone=True))
-    checks = {c.variant: c for c in dt.loop_checks(tiny, ["softmax-q"], 400, 0, Sampling(1.5))}
+    checks = {c.variant: c for c in dt.loop_checks(tiny, ["softmax-q"], 400, 0, Sampling(1.5), depth=4)}
     assert checks["correct"].verdict == "pass" and checks["softmax-q"].verdict == "FAIL"
+
+
+def test_adaptive_k_sees_each_generation_start_with_first_alone(tiny, prompts):
+    """A long-lived AdaptiveK (the server keeps one) across generations whose first round is a plain step it did not
+    choose. Whatever it decides (its choices follow this machine's timings): each generation's start leaves it
+    counting the tokens its drafter has not read (the lone first token, and the prompt when it told the drafter to
+    skip it), and every draft forward's first read is that count plus the one or two tokens a round always leads with.
+    The first generation's second round is its boot K = 1 round: one token behind, it reads two."""
+    from spec.loop import speculate
+    from spec.policy import AdaptiveK
+
+    starts, reads = [], []
+
+    class Watched(AdaptiveK):
+        def reads_prompt(self, prompt_tokens):
+            self.skipped = 0 if super().reads_prompt(prompt_tokens) else prompt_tokens
+            return not self.skipped
+
+        def observe(self, rnd):
+            if rnd.forwards:
+                reads.append((rnd.forwards[0], self._lag))
+            super().observe(rnd)
+            if rnd.prefill_s:
+                starts.append((self._lag, self.skipped + 1))
+
+    policy = Watched(max_k=4)
+    for ids in prompts * 2:
+        for _ in speculate(tiny.target, ModelDrafter(tiny.draft), ids, 16, k=policy, first_alone=True):
+            pass
+    assert len(starts) == 2 * len(prompts) and all(lag == behind for lag, behind in starts)
+    assert reads[0] == (2, 1) and all(read - lag in (1, 2) for read, lag in reads)

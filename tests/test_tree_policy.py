@@ -151,3 +151,14 @@ def test_tree_sweep_records_what_the_policy_chose_and_what_it_cost(tmp_path, mon
     assert said.startswith("3 run(s) parted") and "3 at a near-tie" in said and "bug" not in said
     assert "1 NOT at a near-tie: a bug" in tree_sweep.parting_summary([{"parted": 2, "near_ties": 1}])
     assert tree_sweep.parting_summary([{"parted": 0, "near_ties": 0}]) is None
+
+
+def test_a_round_the_loop_ran_on_its_own_measures_no_boot_shape(tiny):
+    """With speculate's first_alone the first round is a plain step the policy did not choose: its three measuring
+    rounds (a K = 1 chain, a plain step, a (2, 1) tree of 4 nodes) still follow, in order."""
+    from spec.loop import speculate
+
+    prompt = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+    drafted = [r.drafted for r in speculate(tiny.target, ModelDrafter(tiny.draft), prompt, 24,
+                                            k=TreePolicy(max_depth=4), first_alone=True)]
+    assert drafted[:4] == [0, 1, 0, 4]

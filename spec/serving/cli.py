@@ -45,7 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="alone (default): a request's first token is streamed after the target's prefill and one "
                         "step, as with plain decoding, and the draft reads the prompt after it; with-round: the "
                         "first token comes with the first round's accepted drafts (one target step less a "
-                        "request, a later first token). No token changes either way")
+                        "request, a later first token). Greedy output is the same either way, and sampling keeps "
+                        "the target's law (a seed gives another text in each)")
     g = parser.add_argument_group("serving")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 exposes it)")
     g.add_argument("--port", type=int, default=8000)
