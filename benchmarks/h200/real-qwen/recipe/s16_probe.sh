@@ -2,7 +2,7 @@
 # (1) The tuner's whole-forward check (`keep_tuned`: a size's tiles are kept only if the whole captured forward is
 # >= 0.5 % faster) on the 8B's 32-token verify, the one bar still missed on trees (32 nodes <= 1.25 steps);
 # (2) bench_engine with the kernels' rules alone and then with the table as it stands (s15_ab.sh's pair of runs);
-# (3) llama-random's start, warm and cold. About 8 minutes with the start; each part packed as it ends.
+# About 8 minutes with the start; each part packed as it ends.
 source "$(dirname "$0")/env.sh"
 rm -rf results
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $GPU"
@@ -17,7 +17,4 @@ SPARK_SPEC_KERNEL_TABLE=0 timeout 150 $B > $OUT/bench_rules.log 2>&1; echo "rule
 grep -v "it/s\]" $OUT/bench_rules.log | tail -14 | head -9
 timeout 150 $B > $OUT/bench_table.log 2>&1; echo "table rc=$?"
 grep -v "it/s\]" $OUT/bench_table.log | tail -14 | head -9
-pack s16_bench
-timeout 120 python3 -m spec.start_time --pair llama-random --device cuda --backend graph > $OUT/start.log 2>&1
-echo "start rc=$?"; grep -v "it/s\]" $OUT/start.log | tail -8
 pack s16_probe
