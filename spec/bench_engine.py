@@ -39,7 +39,6 @@ from spec.io import Results, table
 from spec.loop import generate
 from spec.models import ModelError, dtype_name, kernels, make_model, sync_time
 from spec.models.graph import GraphModel
-from spec.models.quant import AUTO
 
 BARS = {"graph_plain_tok_s": (">=", 215.0), "c_graph": ("<=", 0.20), "verify_ratio_8_over_1": ("<=", 1.15),
         "round_overhead_k4": ("<=", 0.10),
@@ -173,7 +172,7 @@ BACKENDS = ("eager", "graph", "graph-stack", "graph-unfused", "graph-nocompile",
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m spec.bench_engine", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(parser)
+    add_model_args(parser, auto_draft=False)  # the draft's own weights: the baseline --draft-quants is set against
     g = parser.add_argument_group("benchmark")
     g.add_argument("--context", type=int, default=512, help="cached context in tokens (default 512)")
     g.add_argument("--tokens", type=int, default=128, help="tokens generated per decode run (default 128)")
@@ -350,8 +349,6 @@ def report(data: dict, args) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     args.backend = "eager"  # the pair's own models are the eager reference; --backends adds the others
-    if args.draft_quant == AUTO:  # the draft's own weights are the baseline; --draft-quants adds packed ones
-        args.draft_quant = "none"
     pair = load_from_args(args)
     if pair.draft is None or pair.draft_tokenizer is not None:
         sys.exit("error: the benchmark needs a same-family draft model")

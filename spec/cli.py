@@ -13,7 +13,9 @@ from spec.models.quant import DRAFT_QUANTS, QUANTS
 from spec.policy import TreePolicy, parse_k
 
 
-def add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None:
+def add_model_args(parser: argparse.ArgumentParser, draft: bool = True, auto_draft: bool = True) -> None:
+    """The model flags. `auto_draft=False` (tools that measure the draft's own weights against the formats they
+    name: bench_engine, tune_kernels): --draft-quant defaults to none and takes no auto."""
     pairs = "; ".join(f"{name}: {spec.about}" for name, spec in PAIRS.items())
     g = parser.add_argument_group("models")
     g.add_argument("--pair", default="auto", choices=PAIR_CHOICES,
@@ -21,13 +23,14 @@ def add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None:
     g.add_argument("--target", help="override the target: hub id, local folder, or .gguf path")
     if draft:
         g.add_argument("--draft", help="override the draft: hub id, local folder, or .gguf path")
-        g.add_argument("--draft-quant", default="auto", choices=DRAFT_QUANTS,
+        auto = ("auto (default): the format measured fastest where the draft runs, int4 on a CPU, int8 in the graph "
+                "backend's kernels on a GPU, else none. " if auto_draft else "Default none. ")
+        g.add_argument("--draft-quant", default="auto" if auto_draft else "none",
+                       choices=DRAFT_QUANTS if auto_draft else QUANTS,
                        help="the draft's weights: none (its dtype), int8 (a scale per row), int4 (a scale and offset "
                             "per 32 inputs) or fp8 (e4m3, a scale per row; GPUs that read fp8 only), weight-only; "
-                            "auto (default): the format measured fastest where the draft runs, int4 on a CPU, int8 "
-                            "in the graph backend's kernels on a GPU, else none. Any of them changes no answer, since "
-                            "the acceptance rule keeps the target's distribution for any draft "
-                            "(docs/quantization.md)")
+                            + auto + "Any of them changes no answer, since the acceptance rule keeps the target's "
+                            "distribution for any draft (docs/quantization.md)")
         g.add_argument("--allow-other-family", action="store_true",
                        help="accept a draft whose tokenizer differs (ids are remapped; an experiment, not a speedup)")
     g.add_argument("--target-quant", default="none", choices=QUANTS,

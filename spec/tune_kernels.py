@@ -48,7 +48,6 @@ from spec.harness import copy_bandwidth
 from spec.io import save_json, table
 from spec.models import dtype_name, kernels
 from spec.models.graph import GraphModel
-from spec.models.quant import AUTO
 
 
 def _time_graph(run, layers: int, replays: int = 20) -> float:
@@ -249,7 +248,7 @@ def keep_tuned(rules_ms: float, tuned_ms: float) -> bool:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m spec.tune_kernels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(parser)
+    add_model_args(parser, auto_draft=False)  # the format named is the one tuned
     parser.add_argument("--no-save", action="store_true", help="print the table; do not write the GPU's config file")
     parser.add_argument("--tokens", default="1", help="forward sizes to tune, comma-separated: 1 tunes the "
                         "one-token kernels, one of 2-16 the fused verify kernels (one table serves every size; 9 is "
@@ -260,10 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     args.backend = "eager"
     if not kernels.available():
         sys.exit("error: tuning needs a CUDA device and Triton")
-    # The format named is the one tuned (--draft-quant auto, the command line's default, tunes the draft's own
-    # weights); the pair loads plain and GraphModel packs what is tuned.
-    quants = {"target": args.target_quant, "draft": "none" if args.draft_quant == AUTO else args.draft_quant}
-    args.target_quant = args.draft_quant = "none"
+    quants = {"target": args.target_quant, "draft": args.draft_quant}
+    args.target_quant = args.draft_quant = "none"  # the pair loads plain; GraphModel packs what is tuned
     pair = load_from_args(args)
     if pair.device.type != "cuda":
         sys.exit("error: tuning needs a CUDA device (pass --device cuda)")

@@ -250,6 +250,7 @@ def test_first_alone_keeps_the_targets_law(tiny, monkeypatch):
     monkeypatch.setattr(dt, "generate", functools.partial(generate, first_alone=True))
     checks = {c.variant: c for c in dt.loop_checks(tiny, ["softmax-q"], 400, 0, Sampling(1.5), depth=4)}
     assert checks["correct"].verdict == "pass" and checks["softmax-q"].verdict == "FAIL"
+    assert checks["softmax-q"].power >= dt.POWER_GOAL
 
 
 def test_adaptive_k_sees_each_generation_start_with_first_alone(tiny, prompts):

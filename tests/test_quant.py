@@ -165,6 +165,11 @@ def test_auto_picks_the_draft_format_measured_fastest_where_the_draft_runs():
     parser = argparse.ArgumentParser()
     add_model_args(parser)
     assert parser.parse_args([]).draft_quant == "auto"
+    measuring = argparse.ArgumentParser()  # bench_engine, tune_kernels: the draft's own weights unless named
+    add_model_args(measuring, auto_draft=False)
+    assert measuring.parse_args([]).draft_quant == "none"
+    with pytest.raises(SystemExit):
+        measuring.parse_args(["--draft-quant", "auto"])
     pair = load_pair("tiny", device="cpu", draft_quant="auto")
     assert pair.draft_quant == "int4" and isinstance(pair.draft.model.lm_head, qz.QuantLinear)
     assert load_pair("tiny", device="cpu", draft_quant="none").draft_quant == "none"

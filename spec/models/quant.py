@@ -86,9 +86,10 @@ def auto_quant(model, fused_kernels: bool) -> tuple[str, str]:
       plain decoding with an int4 draft, 1.60x with int8 and 1.26x with the bf16 draft, in one session on one idle
       machine; in fp32, int4 1.33-1.36x against 0.95-0.98x (docs/quantization.md);
     - in the graph backend's fused kernels (`fused_kernels`: CUDA) in half precision, int8: the real pair's 0.5B
-      draft on an H100 1.30x / 1.21x plain on code / short against bf16's 1.18x / 1.06x (on an H200 1.18x / 1.12x
-      against 1.19x / 1.06x), the 1B draft's step 0.74 ms against 1.06 in bf16 (H100); int4's de-quantising in
-      registers costs a one-token product on a fast GPU more than its bytes save (0.78 ms);
+      draft on an H100 1.30x / 1.21x plain on code / short against bf16's 1.18x / 1.06x; on an H200 no better and
+      no worse (1.18x / 1.12x against 1.19x / 1.06x in session 14, 1.22x against 1.24x on code in session 16: that
+      0.5B is latency-bound there); the 1B draft's step 0.73-0.74 ms against 0.88-1.06 in bf16 (H200, H100). int4's
+      de-quantising in registers costs a one-token product on a fast GPU more than its bytes save (0.76-0.78 ms);
     - elsewhere (MPS; the eager backend on CUDA, whose steps are launch-bound, so fewer bytes buy nothing): none."""
     weight = next(model.parameters())
     if fused_kernels and weight.dtype in (torch.bfloat16, torch.float16):
