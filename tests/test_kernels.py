@@ -276,6 +276,53 @@ def test_quantized_fused_kernels_in_tritons_interpreter():
     run_interpreted(INTERPRETED_QUANT_WALK)
 
 
+INTERPRETED_SPLIT_PRODUCTS = """
+import torch
+from spec.models import kernels
+from spec.models.quant import pack_for_kernels
+g = torch.Generator().manual_seed(3)
+input_splits = kernels.input_splits
+splits = lambda device: max(seen, default=1)
+seen = []
+kernels.input_splits = lambda *args: seen.append(input_splits(*args)) or seen[-1]
+for epilogue, scheme, tokens, norm in ((kernels.ADD, "none", 9, False), (kernels.SILU_MUL, "int4", 33, True),
+                                       (kernels.RAW, "int8", 20, True), (kernels.LOGITS, "none", 64, True)):
+    rows = 64 * (2 if epilogue == kernels.SILU_MUL else 1)
+    weight = torch.randn(rows, 1024, generator=g) / 32
+    packed = weight if scheme == "none" else pack_for_kernels(weight, scheme)
+    plain = weight if scheme == "none" else packed.dequantize().float()
+    x = torch.randn(tokens, 1024, generator=g)
+    gain = torch.rand(1024, generator=g) + 0.5
+    start = torch.randn(tokens, 64, generator=g)  # ADD adds into it
+    eps = 1e-6
+    xn = x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + eps) * gain if norm else x
+    y = xn @ plain.t()
+    want = torch.nn.functional.silu(y[:, :64]) * y[:, 64:] if epilogue == kernels.SILU_MUL else y
+    want = start + want if epilogue == kernels.ADD else want
+    outs, used = [], []
+    for sms in (0, 132):  # unsplit; then 1-2 row blocks on 132 multiprocessors: 4 splits of the 4-16 input tiles
+        kernels._multiprocessors = lambda device, sms=sms: sms
+        out = start.clone() if epilogue == kernels.ADD else torch.empty(tokens, 64)
+        seen.clear()
+        kernels.gemv(x, packed, out, epilogue, gain if norm else None, eps)
+        outs.append(out)
+        used.append(splits(x.device))
+    assert used == [1, 4], used
+    assert (outs[0] - want).abs().max() < 1e-3, (epilogue, (outs[0] - want).abs().max())
+    assert (outs[1] - outs[0]).abs().max() < 1e-5, (epilogue, (outs[1] - outs[0]).abs().max())
+    assert kernels._split_counters(x.device).eq(0).all()  # every row block's last split reset its counter
+print("ok")
+"""
+
+
+def test_products_split_over_their_inputs_in_tritons_interpreter():
+    """A 2-64-token product of few rows, split over its inputs (`input_splits`: each split's partial sums added up
+    by the row block's last program, which runs the epilogue), against the same product unsplit and against
+    PyTorch, for every epilogue and weight format, with and without RMSNorm, in Triton's interpreter (fp32).
+    Runs wherever Triton is installed, not in CI."""
+    run_interpreted(INTERPRETED_SPLIT_PRODUCTS)
+
+
 INTERPRETED_TREE_WALK = """
 import sys, torch
 sys.path.insert(0, "tests")
@@ -560,3 +607,21 @@ def test_the_fused_backend_compiles_nothing_and_prepares_its_graphs_ahead(monkey
     prompt = torch.randint(0, target.vocab, (100,), generator=torch.Generator().manual_seed(3)).tolist()
     result = generate(target, ModelDrafter(draft), prompt, 60, k=4)
     assert len(result.tokens) == 60 and (set(target._graphs), set(draft._graphs)) == before
+
+
+def test_input_splits_fill_the_multiprocessors_and_keep_a_tile_each(monkeypatch):
+    """The split rule (`input_splits`): products whose row blocks fill the GPU, and CPUs, are not split; the 8B's o
+    and down products at a tree's 32 tokens (64 blocks of 64 rows on an H200's 132 multiprocessors) split in two,
+    its q/k/v (96 blocks) in four; never more splits than input tiles, never an empty one; the switch turns it off."""
+    from spec.models import kernels
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(kernels, "_multiprocessors", lambda device: 132 if device.type == "cuda" else 0)
+    assert kernels.input_splits(64, 32, torch.device("cpu")) == 1
+    assert [kernels.input_splits(blocks, 32, cuda) for blocks in (132, 224, 2004)] == [1, 1, 1]
+    assert kernels.input_splits(64, 32, cuda) == 2 and kernels.input_splits(64, 112, cuda) == 2
+    assert kernels.input_splits(96, 32, cuda) == 4
+    assert kernels.input_splits(16, 3, cuda) == 3 and kernels.input_splits(16, 1, cuda) == 1
+    assert kernels.input_splits(32, 5, cuda) == 3  # 4 wanted (32 blocks); 5 tiles as 2 + 2 + 1, not 2 + 2 + 1 + 0
+    monkeypatch.setenv("SPARK_SPEC_SPLIT_INPUTS", "0")
+    assert kernels.input_splits(64, 32, cuda) == 1

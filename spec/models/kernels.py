@@ -487,9 +487,51 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
         # de-quantised halves sit in registers beside the codes)
         block_k = min(max(config[1], quant["G"]), 128) if quant["QUANT"] == 2 else config[1]
         constexprs.update(BN=config[0], BLOCK_K=block_k)
-        grid = (-(-n // config[0]),)
-        _launch(_triton().gemv_rows, grid, config, pdl, *args, tokens, n, k, **constexprs, XD=head_major,
-                MP=mp, PRECISION=_precision(x))
+        blocks = -(-n // config[0])
+        tiles = -(-k // block_k)
+        splits = input_splits(blocks, tiles, x.device)
+        span = -(-tiles // splits) * block_k  # inputs a split: whole tiles
+        if splits > 1:
+            parts = torch.empty(blocks * splits * (2 * config[0] + 1) * mp, dtype=torch.float32, device=x.device)
+            counts = _split_counters(x.device)
+        else:
+            parts = counts = out  # not read
+        _launch(_triton().gemv_rows, (blocks, splits), config, pdl, *args, parts, counts, tokens, n, k, span,
+                **constexprs, XD=head_major, MP=mp, PRECISION=_precision(x), SPLITS=splits)
+
+
+MAX_SPLIT_BLOCKS = 4096  # row blocks a product split over its inputs may have (its counters)
+
+
+@functools.cache
+def _split_counters(device: torch.device) -> torch.Tensor:
+    """Per row block of a split product, how many of its splits have finished: zero between launches, allocated
+    once outside any graph capture and shared, as `_arrivals` is (the kernels run one after another)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("gemv: run a split product once before capturing a CUDA graph (its counters are "
+                           "allocated on first use)")
+    return torch.zeros(MAX_SPLIT_BLOCKS, dtype=torch.int32, device=device)
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+
+
+def input_splits(blocks: int, tiles: int, device: torch.device) -> int:
+    """How many programs share each row block of a 2-64-token product, each summing a part of its `tiles` input
+    tiles (1: none). A product of few rows has fewer row blocks than the GPU has multiprocessors (the 8B's o and down
+    products: 64 blocks of 64 rows on an H200's 132): the rest idle, and each busy one streams at ~34 GB/s, 2.2 TB/s
+    in all (benchmarks/h200/session16/tuned-table-not-shipped.json). Split s ways, a block's programs fill
+    ceil(blocks s / SMs) waves of 1 / s the work; the split with the fewest such waves wins, each split beyond
+    the first charged 5 % for its partial sums' round trip (at most 4; every split keeps a tile).
+    SPARK_SPEC_SPLIT_INPUTS=0 turns splitting off (how a benchmark measures what it gives)."""
+    sms = _multiprocessors(device)
+    if not sms or blocks >= sms or blocks > MAX_SPLIT_BLOCKS or os.environ.get("SPARK_SPEC_SPLIT_INPUTS") == "0":
+        return 1
+    best = min(range(1, 5), key=lambda s: (-(-blocks * s // sms) / s + 0.05 * (s - 1), s))
+    best = min(best, tiles)
+    return -(-tiles // -(-tiles // best))  # no split without a tile
 
 
 SHARED_MEMORY = 180 * 1024  # what the 2-64-token kernels' pipeline buffers may take (an H100/H200 has 227 KB)

@@ -155,10 +155,35 @@ def x_halves(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.constexpr
 
 
 @triton.jit
+def exact_float(code, bias: tl.constexpr):
+    """code - bias as fp32, for integer codes (int8, or uint8 below 256 - bias): the same value as
+    code.to(tl.float32) - bias without the conversion instruction. Integer-to-float conversions run at a quarter of
+    the rate of the other arithmetic on an H100/H200 (16 a clock per multiprocessor against 64), and a packed
+    one-token product does one a weight: on the 1B's 1.24 G weights that alone is ~0.3 ms, more than its bytes'
+    0.16-0.26 ms. Instead the code goes into the low bits of 2^23's mantissa (an integer add or or, widening
+    a byte at the full rate), and the float 2^23 + c less 2^23 + bias is exact for 0 <= c < 2^23: the sum is an
+    integer below 2^24."""
+    if code.dtype == tl.int8:  # q in [-128, 127]: 2^23 + 128 + q, then subtract 2^23 + 128 + bias
+        word = code.to(tl.int32) + 0x4B000080
+        return word.to(tl.float32, bitcast=True) - (8388736.0 + bias)
+    else:
+        word = code.to(tl.int32) | 0x4B000000
+        return word.to(tl.float32, bitcast=True) - (8388608.0 + bias)
+
+
+@triton.jit
+def as_float(w):
+    """A stored tile as fp32: int8 codes by `exact_float`, the model's dtype and fp8 by conversion."""
+    if w.dtype == tl.int8:
+        return exact_float(w, 0)
+    else:
+        return w.to(tl.float32)
+
+
+@triton.jit
 def int4_sums(w, s, z, xl, xh):
     """Each group's share of a one-token product, [rows, groups]: s sum((q - 8) x) + z sum(x) over its inputs."""
-    part = tl.sum(((w & 15).to(tl.float32) - 8.0) * xl[None, :, :] + ((w >> 4).to(tl.float32) - 8.0) * xh[None, :, :],
-                  2)
+    part = tl.sum(exact_float(w & 15, 8) * xl[None, :, :] + exact_float(w >> 4, 8) * xh[None, :, :], 2)
     return s.to(tl.float32) * part + z.to(tl.float32) * tl.sum(xl + xh, 1)[None, :]
 
 
@@ -173,8 +198,8 @@ def int4_tile_dot(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, xl, xh, acc, BN: tl.cons
     w, s, z = weight_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K, 2, G)
     s = s.to(tl.float32)[:, :, None]
     z = z.to(tl.float32)[:, :, None]
-    lo = tl.reshape((((w & 15).to(tl.float32) - 8.0) * s + z).to(xl.dtype), (BN, BLOCK_K // 2))
-    hi = tl.reshape((((w >> 4).to(tl.float32) - 8.0) * s + z).to(xl.dtype), (BN, BLOCK_K // 2))
+    lo = tl.reshape((exact_float(w & 15, 8) * s + z).to(xl.dtype), (BN, BLOCK_K // 2))
+    hi = tl.reshape((exact_float(w >> 4, 8) * s + z).to(xl.dtype), (BN, BLOCK_K // 2))
     acc = tl.dot(lo, xl, acc, input_precision=PRECISION)
     return tl.dot(hi, xh, acc, input_precision=PRECISION)
 
@@ -199,14 +224,14 @@ def row_scales(s_ptr, rows, rm, QUANT: tl.constexpr):
 
 
 @triton.jit
-def first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, K, N, EPILOGUE: tl.constexpr, BLOCK_K: tl.constexpr,
+def first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, N, EPILOGUE: tl.constexpr, BLOCK_K: tl.constexpr,
                 QUANT: tl.constexpr, G: tl.constexpr):
-    """A product's first weight tile, and for SILU_MUL the up projection's (rows N.. of the weight), each with its
-    scales and offsets: loaded before the wait for the previous kernel."""
-    w, ws, wz = weight_tile(w_ptr, s_ptr, z_ptr, rows, rm, 0, K, BLOCK_K, QUANT, G)
+    """A product's first weight tile (inputs k0..), and for SILU_MUL the up projection's (rows N.. of the weight),
+    each with its scales and offsets: loaded before the wait for the previous kernel."""
+    w, ws, wz = weight_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K, QUANT, G)
     u, us, uz = w, ws, wz
     if EPILOGUE == 1:
-        u, us, uz = weight_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, 0, K, BLOCK_K, QUANT, G)
+        u, us, uz = weight_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, k0, K, BLOCK_K, QUANT, G)
     return w, ws, wz, u, us, uz
 
 
@@ -285,8 +310,8 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
             x = tl.load(h_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
             sq += x * x
             x = x * tl.load(nw_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
-            acc_a += wa.to(tl.float32) * x[None, :]
-            acc_b += wb.to(tl.float32) * x[None, :]
+            acc_a += as_float(wa) * x[None, :]
+            acc_b += as_float(wb) * x[None, :]
         wa, sa_, za = wa_next, sa_next, za_next
         wb, sb_, zb = wb_next, sb_next, zb_next
     if QUANT == 2:
@@ -320,7 +345,7 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     rm = rows < N
     ks = tl.arange(0, BLOCK_K)
-    w, ws, wz, u, us, uz = first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, K, N, EPILOGUE, BLOCK_K, QUANT, G)
+    w, ws, wz, u, us, uz = first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, 0, K, N, EPILOGUE, BLOCK_K, QUANT, G)
     rw = row_scales(s_ptr, rows, rm, QUANT)
     ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
     if PDL:
@@ -343,9 +368,9 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
             if NORM:
                 sq += x * x
                 x = x * tl.load(nw_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
-            acc += w.to(tl.float32) * x[None, :]
+            acc += as_float(w) * x[None, :]
             if EPILOGUE == 1:
-                acc_up += u.to(tl.float32) * x[None, :]
+                acc_up += as_float(u) * x[None, :]
         w, ws, wz = w_next, ws_next, wz_next
         u, us, uz = u_next, us_next, uz_next
     if QUANT == 2:
@@ -398,14 +423,14 @@ def dot_operand(w, like_ptr, QUANT: tl.constexpr):
     if QUANT == 0:
         return w
     else:
-        return w.to(like_ptr.dtype.element_ty)
+        return as_float(w).to(like_ptr.dtype.element_ty)
 
 
 @triton.jit
-def gemv_rows(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K,
+def gemv_rows(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, M, N, K, KSPAN,
               NORM: tl.constexpr, EPILOGUE: tl.constexpr, XD: tl.constexpr, BN: tl.constexpr,
               BLOCK_K: tl.constexpr, MP: tl.constexpr, PDL: tl.constexpr, PRECISION: tl.constexpr,
-              QUANT: tl.constexpr, G: tl.constexpr):
+              QUANT: tl.constexpr, G: tl.constexpr, SPLITS: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -413,8 +438,10 @@ def gemv_rows(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K,
     ms = tl.arange(0, MP)
     mm = ms < M
     ks = tl.arange(0, BLOCK_K)
+    k_lo = tl.program_id(1) * KSPAN  # this program's inputs: k_lo..k_hi - 1 (all of them, unsplit)
+    k_hi = tl.minimum(K, k_lo + KSPAN)
     if QUANT != 2:
-        w, ws, wz, u, us, uz = first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, K, N, EPILOGUE, BLOCK_K, QUANT, G)
+        w, ws, wz, u, us, uz = first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, k_lo, K, N, EPILOGUE, BLOCK_K, QUANT, G)
     rw = row_scales(s_ptr, rows, rm, QUANT)
     ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
     if PDL:
@@ -425,7 +452,7 @@ def gemv_rows(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K,
         lo_k = (i // (G // 2)) * G + i % (G // 2)  # the input of each byte's low nibble, from the tile's start
         acc = tl.zeros([BN, MP], tl.float32)
         acc_up = tl.zeros([BN, MP], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             xl, sq = normed_tile(x_ptr, nw_ptr, k0 + lo_k, ms, mm, K, M, sq, XD, NORM)
             xh, sq = normed_tile(x_ptr, nw_ptr, k0 + lo_k + G // 2, ms, mm, K, M, sq, XD, NORM)
             acc = int4_tile_dot(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, xl, xh, acc, BN, BLOCK_K, G, PRECISION)
@@ -433,25 +460,58 @@ def gemv_rows(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K,
                 acc_up = int4_tile_dot(w_ptr, s_ptr, z_ptr, rows + N, rm, k0, K, xl, xh, acc_up, BN, BLOCK_K, G,
                                        PRECISION)
     else:
-        x, sq = normed_tile(x_ptr, nw_ptr, ks, ms, mm, K, M, sq, XD, NORM)
+        x, sq = normed_tile(x_ptr, nw_ptr, k_lo + ks, ms, mm, K, M, sq, XD, NORM)
         acc = tl.dot(dot_operand(w, x_ptr, QUANT), x, input_precision=PRECISION)  # [BN, MP], fp32
         acc_up = acc
         if EPILOGUE == 1:
             acc_up = tl.dot(dot_operand(u, x_ptr, QUANT), x, input_precision=PRECISION)
-        for k0 in range(BLOCK_K, K, BLOCK_K):
+        for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
             x, sq = normed_tile(x_ptr, nw_ptr, k0 + ks, ms, mm, K, M, sq, XD, NORM)
             w, ws, wz = weight_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K, QUANT, G)
             acc = tl.dot(dot_operand(w, x_ptr, QUANT), x, acc, input_precision=PRECISION)
             if EPILOGUE == 1:
                 u, us, uz = weight_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, k0, K, BLOCK_K, QUANT, G)
                 acc_up = tl.dot(dot_operand(u, x_ptr, QUANT), x, acc_up, input_precision=PRECISION)
+    if SPLITS == 1:
+        rows_epilogue(out_ptr, acc, acc_up, sq, rw, ru, rows, rm, ms, mm, N, K, eps, x_ptr, NORM, EPILOGUE)
+    else:
+        # Split over the inputs (a product of few rows, whose row blocks alone would leave multiprocessors idle):
+        # each program stores its partial sums; the row block's last program to finish adds them up, in the
+        # splits' order (the same result whichever finishes last), and runs the epilogue. The barrier and the
+        # counter's release / acquire order the stores as in attention_partial; the last one resets the counter.
+        block = tl.program_id(0)
+        cell = (block * SPLITS + tl.program_id(1)) * (2 * BN * MP + MP)  # [acc | acc_up | sq] of each program
+        at = tl.arange(0, BN)[:, None] * MP + ms[None, :]
+        tl.store(part_ptr + cell + at, acc)
+        if EPILOGUE == 1:
+            tl.store(part_ptr + cell + BN * MP + at, acc_up)
+        tl.store(part_ptr + cell + 2 * BN * MP + ms, sq)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + block, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLITS - 1:
+            tl.atomic_xchg(count_ptr + block, 0, sem="relaxed", scope="gpu")
+            acc = tl.zeros([BN, MP], tl.float32)
+            acc_up = tl.zeros([BN, MP], tl.float32)
+            sq = tl.zeros([MP], tl.float32)
+            for j in tl.static_range(SPLITS):
+                cell = (block * SPLITS + j) * (2 * BN * MP + MP)
+                acc += tl.load(part_ptr + cell + at, cache_modifier=".cg")
+                if EPILOGUE == 1:
+                    acc_up += tl.load(part_ptr + cell + BN * MP + at, cache_modifier=".cg")
+                sq += tl.load(part_ptr + cell + 2 * BN * MP + ms, cache_modifier=".cg")
+            rows_epilogue(out_ptr, acc, acc_up, sq, rw, ru, rows, rm, ms, mm, N, K, eps, x_ptr, NORM, EPILOGUE)
+
+
+@triton.jit
+def rows_epilogue(out_ptr, acc, acc_up, sq, rw, ru, rows, rm, ms, mm, N, K, eps, x_ptr, NORM: tl.constexpr,
+                  EPILOGUE: tl.constexpr):
+    """An M-token product's sums [BN, MP] scaled (int8's row scales, RMSNorm's per token) into out [M, N]."""
     y = acc * rw[:, None]
     up = acc_up * ru[:, None]
     if NORM:  # RMSNorm's scale, per token, applied after the sum
         r = tl.rsqrt(sq / K + eps)
         y = y * r[None, :]
         up = up * r[None, :]
-    # out is [M, N]
     store_epilogue(out_ptr + ms[None, :] * N + rows[:, None], rm[:, None] & mm[None, :], y, up, x_ptr, EPILOGUE)
 
 
