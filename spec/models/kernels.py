@@ -489,7 +489,7 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
         constexprs.update(BN=config[0], BLOCK_K=block_k)
         blocks = -(-n // config[0])
         tiles = -(-k // block_k)
-        splits = input_splits(blocks, tiles, x.device)
+        splits = input_splits(blocks, tiles, x.device) if mp > MAX_FUSED_TOKENS or quant["QUANT"] else 1
         span = -(-tiles // splits) * block_k  # inputs a split: whole tiles
         if splits > 1:
             parts = torch.empty(blocks * splits * (2 * config[0] + 1) * mp, dtype=torch.float32, device=x.device)
@@ -521,11 +521,17 @@ def _multiprocessors(device: torch.device) -> int:
 def input_splits(blocks: int, tiles: int, device: torch.device) -> int:
     """How many programs share each row block of a 2-64-token product, each summing a part of its `tiles` input
     tiles (1: none). A product of few rows has fewer row blocks than the GPU has multiprocessors (the 8B's o and down
-    products: 64 blocks of 64 rows on an H200's 132): the rest idle, and each busy one streams at ~34 GB/s, 2.2 TB/s
-    in all (benchmarks/h200/session16/tuned-table-not-shipped.json). Split s ways, a block's programs fill
-    ceil(blocks s / SMs) waves of 1 / s the work; the split with the fewest such waves wins, each split beyond
-    the first charged 5 % for its partial sums' round trip (at most 4; every split keeps a tile).
-    SPARK_SPEC_SPLIT_INPUTS=0 turns splitting off (how a benchmark measures what it gives)."""
+    products at a tree's 32 tokens: 64 blocks of 64 rows on an H200's 132): the rest idle, and each busy one streams
+    at ~34 GB/s, 2.2 TB/s in all (benchmarks/h200/session16/tuned-table-not-shipped.json). Split s ways, a block's
+    programs fill ceil(blocks s / SMs) waves of 1 / s the work; the split with the fewest such waves wins, each split
+    beyond the first charged 5 % for its partial sums' round trip (at most 4; every split keeps a tile).
+    SPARK_SPEC_SPLIT_INPUTS=0 turns splitting off (how a benchmark measures what it gives).
+
+    `gemv` splits only tiles wider than 16 tokens and packed weights. Measured on an H100 (bench_engine, session 17,
+    benchmarks/h100/session17/): the 8B's tree verify of 32 / 64 nodes took 1.191 / 1.407 one-token steps split
+    against 1.288 / 1.469 unsplit, and the 1B's 2-16-token forwards with int4 / int8 weights 3.5-3.9 / 1.9-2.1 ms
+    against 5.5-5.9 / 2.3-3.0; but the 8B's 2-16-token verify, tiled for 16 tokens and done in ~6 ms, lost to
+    the round trip: 8 tokens 1.116 steps against 1.089, 16 tree nodes 1.153 against 1.122."""
     sms = _multiprocessors(device)
     if not sms or blocks >= sms or blocks > MAX_SPLIT_BLOCKS or os.environ.get("SPARK_SPEC_SPLIT_INPUTS") == "0":
         return 1
