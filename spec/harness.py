@@ -21,7 +21,7 @@ from spec.io import Results, table
 from spec.loop import KPolicy, Result, generate
 from spec.models import Model, Pair, chat_ids, sync_time
 from spec.policy import TreePolicy
-from spec.tree import Dynamic, most_nodes
+from spec.tree import Dynamic, layout, most_nodes
 from spec.warps import Sampling
 
 
@@ -133,7 +133,9 @@ def run_prompt(pair: Pair, prompt: dict, setup: Setup, k: int | KPolicy) -> dict
         row["identical"] = spec.tokens == plain.tokens
     if setup.sampling.greedy and not row["identical"]:
         row["divergence"] = explain_divergence(pair.target, ids, plain.tokens, spec.tokens,
-                                               setup.k if isinstance(setup.k, int) else 4)
+                                               setup.k if isinstance(setup.k, int) else 4,
+                                               max((r.drafted for r in spec.rounds), default=0)
+                                               if setup.tree or isinstance(k, TreePolicy) else 0)
     if setup.compare_hf:
         assist = "lookup" if setup.method == "lookup" else "draft"
         k_hf = setup.k if isinstance(setup.k, int) else 4
@@ -151,14 +153,19 @@ def run_prompt(pair: Pair, prompt: dict, setup: Setup, k: int | KPolicy) -> dict
     return row
 
 
-def explain_divergence(target: Model, prompt: list[int], plain: list[int], spec: list[int], k: int) -> dict:
+def explain_divergence(target: Model, prompt: list[int], plain: list[int], spec: list[int], k: int,
+                       nodes: int = 0) -> dict:
     """Where a greedy speculative run parted from plain decoding, and whether that is a numerical near-tie.
 
     In bf16 a 1-token step and a K+1-token verify reach the same position through differently shaped matrix
     products, which round differently; where the target's top two logits are closer than that rounding error, either
     token is the target's greedy choice up to rounding. This measures both at the first divergence: the top-2 gap of
     the target's 1-token-step logits there, and the largest logit difference between 1-token steps and one (K+1)-token
-    forward over the same positions. `near_tie` = gap <= error; a divergence that is no near-tie is a bug."""
+    forward over the same positions. `near_tie` = gap <= error; a divergence that is no near-tie is a bug.
+
+    A token tree's verify is another shape again (its forward is `nodes` + 1 tokens wide, and masked): with `nodes`
+    > K the same positions are also read from a tree forward whose path is the true text, with siblings hung off
+    its first node up to that width, and the error is the larger of the two shapes' (`tree_error` alone)."""
     first = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
     text = list(prompt) + plain[:first]
     width = max(1, min(k + 1, len(text) - 1))
@@ -167,12 +174,29 @@ def explain_divergence(target: Model, prompt: list[int], plain: list[int], spec:
     steps = torch.cat([target.forward(text[i : i + 1]) for i in range(len(text) - width, len(text))])
     target.rollback(len(text) - width)
     verify = target.forward(text[-width:])
-    target.reset()
     top = steps[-1].float().topk(2).values
     gap, error = float(top[0] - top[1]), float((steps - verify).abs().max())
-    return {"first_divergence": first, "plain_token": plain[first] if first < len(plain) else None,
-            "spec_token": spec[first] if first < len(spec) else None, "top2_gap": gap, "shape_error": error,
-            "near_tie": gap <= error}
+    out = {"first_divergence": first, "plain_token": plain[first] if first < len(plain) else None,
+           "spec_token": spec[first] if first < len(spec) else None, "top2_gap": gap, "shape_error": error}
+    if nodes + 1 > width >= 2:
+        target.rollback(len(text) - width)
+        tokens, parents, path = tree_around(text[-width:], nodes + 1, target.vocab)
+        tree_rows = target.forward(tokens, tree=layout(parents, 0, len(tokens), len(text) - width, steps.device))
+        out["tree_error"] = float((steps - tree_rows[path]).abs().max())
+        out["shape_error"] = error = max(error, out["tree_error"])
+    target.reset()
+    return {**out, "near_tie": gap <= error}
+
+
+def tree_around(path: list[int], size: int, vocab: int) -> tuple[list[int], tuple[int, ...], list[int]]:
+    """A token tree of `size` nodes (>= len(path) >= 2) whose first branch is `path` and whose other nodes are
+    siblings of path[1] (other tokens): (tokens, parents, the path's nodes in order). Every parent comes before its
+    children, as in the loop's verify."""
+    extra = [(path[1] + i) % vocab for i in range(1, size - len(path) + 1)]
+    tokens = path[:2] + extra + path[2:]
+    rest = list(range(2 + len(extra), len(tokens)))  # path[2:]'s nodes
+    parents = [-1, 0] + [0] * len(extra) + [([1] + rest)[i] for i in range(len(rest))]
+    return tokens, tuple(parents), [0, 1] + rest
 
 
 def k_label(k) -> str:

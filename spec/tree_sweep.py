@@ -177,8 +177,8 @@ def main(argv=None) -> dict:
             same = result.tokens == base.tokens
             identical += same
             if not same:
-                why = explain_divergence(pair.target, ids, base.tokens, result.tokens,
-                                         max(r.drafted for r in result.rounds))
+                widest = max(r.drafted for r in result.rounds)
+                why = explain_divergence(pair.target, ids, base.tokens, result.tokens, widest, widest)
                 near_ties += why["near_tie"]
             tokens, rounds = tokens + len(result.tokens), rounds + len(result.rounds)
             drafted += result.drafted

@@ -134,6 +134,24 @@ def test_a_real_difference_is_not_excused_as_a_near_tie(tiny, prompts, reference
     assert tiny.target.length == 0  # the cache is left reset for the next run
 
 
+def test_a_tree_runs_divergence_is_measured_through_a_tree_shaped_verify(tiny, prompts, reference):
+    """With `nodes`, explain_divergence also reads the same positions from a masked tree forward (the true text as
+    one branch, siblings beside it): in fp32 those rows equal the 1-token steps' to rounding (a wrong position or
+    mask would move a logit by O(1)), so the made-up divergence is still no near-tie; the cache is left reset."""
+    from spec.harness import explain_divergence, tree_around
+
+    tokens, parents, path = tree_around([10, 11, 12, 13, 14], 8, 100)
+    assert [tokens[i] for i in path] == [10, 11, 12, 13, 14] and len(tokens) == 8
+    assert all(parents[i] < i for i in range(8)) and parents[path[2]] == path[1]
+    assert sorted(tokens[i] for i in range(8) if parents[i] == path[0]) == [11, 12, 13, 14]  # siblings of 11
+    plain = reference[0]
+    spec = plain[:5] + [(plain[5] + 1) % tiny.target.vocab] + plain[6:]
+    d = explain_divergence(tiny.target, prompts[0], plain, spec, k=4, nodes=12)
+    # float32, as above, a 13-token masked forward: within the same 1e-3
+    assert d["tree_error"] < 1e-3 < d["top2_gap"] and d["shape_error"] >= d["tree_error"]
+    assert not d["near_tie"] and tiny.target.length == 0
+
+
 @pytest.mark.parametrize("near_tie, status", [(True, 0), (False, 1)])
 def test_spec_greedy_verdict_on_divergences(tiny, monkeypatch, capsys, near_tie, status):
     """spec_greedy passes when every divergence is a near-tie (and says so), and fails on any other difference."""
