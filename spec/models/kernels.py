@@ -272,6 +272,13 @@ TUNED: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = {
         ("silu_mul_rows", 14336, 4096): (128, 64, 4, 4),
         ("add_rows", 4096, 14336): (32, 256, 2, 6),
         ("logits_rows", 128256, 4096): (128, 128, 8, 3),
+        # 17-32 tokens (a tree's verify), 8B, tuned at 32 (session 16, benchmarks/h200/session16/): the whole
+        # 32-token forward 5.59 ms against 6.04 with the wide rule, the tuner's keep check
+        ("qkv_rows32", 64, 4096): (64, 128, 8, 4),
+        ("add_rows32", 4096, 4096): (64, 128, 4, 4),
+        ("silu_mul_rows32", 14336, 4096): (64, 64, 4, 4),
+        ("add_rows32", 4096, 14336): (64, 128, 4, 4),
+        ("logits_rows32", 128256, 4096): (64, 64, 4, 4),
     },
     "NVIDIA H100 80GB HBM3": {  # session 15: what won end to end (benchmarks/h100/session15/README.md)
         # Llama-3.1-8B, a tree's verify of 17-32 tokens (1.303 one-token steps at 32 against the wide rule's 1.314)
@@ -522,7 +529,7 @@ def input_splits(blocks: int, tiles: int, device: torch.device) -> int:
     """How many programs share each row block of a 2-64-token product, each summing a part of its `tiles` input
     tiles (1: none). A product of few rows has fewer row blocks than the GPU has multiprocessors (the 8B's o and down
     products at a tree's 32 tokens: 64 blocks of 64 rows on an H200's 132): the rest idle, and each busy one streams
-    at ~34 GB/s, 2.2 TB/s in all (benchmarks/h200/session16/tuned-table-not-shipped.json). Split s ways, a block's
+    at ~34 GB/s, 2.2 TB/s in all (benchmarks/h200/session16/tuned-table-32.json). Split s ways, a block's
     programs fill ceil(blocks s / SMs) waves of 1 / s the work; the split with the fewest such waves wins, each split
     beyond the first charged 5 % for its partial sums' round trip (at most 4; every split keeps a tile).
     SPARK_SPEC_SPLIT_INPUTS=0 turns splitting off (how a benchmark measures what it gives).
