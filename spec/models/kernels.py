@@ -237,7 +237,8 @@ def _(q, k_cache, v_cache, pos, span, n_tokens, scale, pdl=False, tree=None):
 # where the transformers model rounds them (each product, each rotary term, SiLU, the residual add); the one
 # difference is RMSNorm, whose scale is summed in the same pass as the product and applied after it (so no
 # kernel waits on a separate reduction), and the order of summation inside the products. Each program owns `BN`
-# output rows and streams them over K in `BLOCK_K` columns, summing in fp32; no program writes what another reads.
+# output rows and streams them over K in `BLOCK_K` columns, summing in fp32; no program writes what another reads
+# (but a split product's partial sums, added by its row block's last program: `input_splits`).
 #
 # The same wrappers take 2-64 tokens ([M, K] inputs) for a fused verify (up to 16; a token tree's, up to 64):
 # tensor-core products with the tokens padded to 16, 32 or 64 columns (gemv_rows), q/k/v as a product into fp32 and
