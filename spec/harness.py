@@ -163,9 +163,10 @@ def explain_divergence(target: Model, prompt: list[int], plain: list[int], spec:
     the target's 1-token-step logits there, and the largest logit difference between 1-token steps and one (K+1)-token
     forward over the same positions. `near_tie` = gap <= error; a divergence that is no near-tie is a bug.
 
-    A token tree's verify is another shape again (its forward is `nodes` + 1 tokens wide, and masked): with `nodes`
-    > K the same positions are also read from a tree forward whose path is the true text, with siblings hung off
-    its first node up to that width, and the error is the larger of the two shapes' (`tree_error` alone)."""
+    A token tree's verify is another shape again (its forward is `nodes` + 1 tokens wide, and masked): where that is
+    wider than the chain-shaped check, the same positions are also read from a tree forward whose path is the true
+    text, with siblings hung off its first node up to that width, and the error is the larger of the two shapes'
+    (`tree_error` alone)."""
     first = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
     text = list(prompt) + plain[:first]
     width = max(1, min(k + 1, len(text) - 1))

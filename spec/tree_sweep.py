@@ -177,8 +177,10 @@ def main(argv=None) -> dict:
             same = result.tokens == base.tokens
             identical += same
             if not same:
+                # the chain-shaped check as deep as the run went, and a tree-shaped one as wide as its widest round
+                depth = max((len(r.slots) for r in result.rounds), default=1)
                 widest = max(r.drafted for r in result.rounds)
-                why = explain_divergence(pair.target, ids, base.tokens, result.tokens, widest, widest)
+                why = explain_divergence(pair.target, ids, base.tokens, result.tokens, depth, widest)
                 near_ties += why["near_tie"]
             tokens, rounds = tokens + len(result.tokens), rounds + len(result.rounds)
             drafted += result.drafted

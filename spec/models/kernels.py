@@ -497,7 +497,8 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
         constexprs.update(BN=config[0], BLOCK_K=block_k)
         blocks = -(-n // config[0])
         tiles = -(-k // block_k)
-        splits = input_splits(blocks, tiles, x.device) if mp > MAX_FUSED_TOKENS or quant["QUANT"] else 1
+        split = mp > MAX_FUSED_TOKENS or _scheme(weight) in ("int8", "int4")  # where it measured faster
+        splits = input_splits(blocks, tiles, x.device) if split else 1
         span = -(-tiles // splits) * block_k  # inputs a split: whole tiles
         if splits > 1:
             parts = torch.empty(blocks * splits * (2 * config[0] + 1) * mp, dtype=torch.float32, device=x.device)
@@ -535,7 +536,9 @@ def input_splits(blocks: int, tiles: int, device: torch.device) -> int:
     beyond the first charged 5 % for its partial sums' round trip (at most 4; every split keeps a tile).
     SPARK_SPEC_SPLIT_INPUTS=0 turns splitting off (how a benchmark measures what it gives).
 
-    `gemv` splits only tiles wider than 16 tokens and packed weights. Measured on an H100 (bench_engine, session 17,
+    `gemv` splits only tiles wider than 16 tokens and int8 / int4 weights (fp8's were not measured). The counters
+    are shared by every product on a device: launches must run one after another, on one stream, as a model's
+    forward does. Measured on an H100 (bench_engine, session 17,
     benchmarks/h100/session17/): the 8B's tree verify of 32 / 64 nodes took 1.191 / 1.407 one-token steps split
     against 1.288 / 1.469 unsplit, and the 1B's 2-16-token forwards with int4 / int8 weights 3.5-3.9 / 1.9-2.1 ms
     against 5.5-5.9 / 2.3-3.0; but the 8B's 2-16-token verify, tiled for 16 tokens and done in ~6 ms, lost to
