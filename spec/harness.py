@@ -196,7 +196,7 @@ def tree_around(path: list[int], size: int, vocab: int) -> tuple[list[int], tupl
     extra = [(path[1] + i) % vocab for i in range(1, size - len(path) + 1)]
     tokens = path[:2] + extra + path[2:]
     rest = list(range(2 + len(extra), len(tokens)))  # path[2:]'s nodes
-    parents = [-1, 0] + [0] * len(extra) + [([1] + rest)[i] for i in range(len(rest))]
+    parents = [-1, 0] + [0] * len(extra) + ([1] + rest)[: len(rest)]  # path[2] under path[1], then a chain
     return tokens, tuple(parents), [0, 1] + rest
 
 

@@ -311,9 +311,16 @@ for epilogue, scheme, tokens, norm, split in cases:
         outs.append(out)
         used.append(splits(x.device))
     assert used == [1, split], used
-    assert (outs[0] - want).abs().max() < 1e-3, (epilogue, (outs[0] - want).abs().max())
-    assert (outs[1] - outs[0]).abs().max() < 1e-5, (epilogue, (outs[1] - outs[0]).abs().max())
-    assert kernels._split_counters(x.device).eq(0).all()  # every row block's last split reset its counter
+    # fp32, any order of a K-term sum: |dy| <= K u S with S = sum |xn w| (u = eps32 / 2), twice between two orders,
+    # and RMSNorm's scale (summed in the kernel, applied after) moves y by K u |y| relative; SiLU(g) up then moves
+    # by at most (1.1 |up| + |g|) per unit of y; the add into `start` rounds once more (u |want|)
+    u = torch.finfo(torch.float32).eps / 2
+    big = (xn.abs() @ plain.abs().t()).max() + y.abs().max()
+    tol = 2 * 1024 * u * big * (1 + 2 * y.abs().max()) + u * want.abs().max()
+    assert (outs[0] - want).abs().max() <= tol, (epilogue, (outs[0] - want).abs().max(), tol)
+    assert (outs[1] - outs[0]).abs().max() <= tol, (epilogue, (outs[1] - outs[0]).abs().max(), tol)
+    counters = kernels._counters(x.device, kernels._multiprocessors(x.device))
+    assert counters.eq(0).all()  # every row block's last split reset its counter
 print("ok")
 """
 
@@ -662,12 +669,14 @@ def test_split_products_replayed_in_a_graph_are_bitwise_stable(scheme, tokens):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, first)
-    assert kernels._split_counters(device).eq(0).all()
+    assert kernels._counters(device, kernels._multiprocessors(device)).eq(0).all()
     unsplit = torch.empty_like(first)
     os.environ["SPARK_SPEC_SPLIT_INPUTS"] = "0"
     try:
         kernels.gemv(x, packed, unsplit, kernels.RAW, pdl=pdl)
     finally:
         del os.environ["SPARK_SPEC_SPLIT_INPUTS"]
-    # fp32 sums of 2048 products |w x| ~ 0.02 in another order: far below 1e-3
-    assert (unsplit - first).abs().max() < 1e-3
+    # bf16 operands, exact products, fp32 sums in two orders: |d| <= 2 K u max sum |x w| (u = eps32 / 2)
+    dense = weight if scheme == "none" else packed.dequantize().to(torch.bfloat16)
+    bound = (x.float().abs() @ dense.float().abs().t()).max()
+    assert (unsplit - first).abs().max() <= 2 * 2048 * torch.finfo(torch.float32).eps / 2 * bound

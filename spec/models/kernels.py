@@ -172,15 +172,16 @@ ONE_PASS_ELEMENTS = 16384
 
 
 @functools.cache
-def _arrivals(device: torch.device, heads: int) -> torch.Tensor:
-    """Per K/V head, how many of its programs have finished: zero between launches (the last program resets it).
-    Allocated once, outside any graph capture (a graph's warm-up runs first), and shared by every call on the
-    device: the kernels run on one stream, and each waits for the one before it (PDL's wait included) before it
-    touches the counters, so two launches never overlap."""
+def _counters(device: torch.device, size: int) -> torch.Tensor:
+    """Arrival counters for kernels whose last program to finish does the rest (`triton_kernels.last_to_finish`:
+    the one-pass attention, a head each; a split product, a row block each): zero between launches (the last
+    program resets its own). Allocated once, outside any graph capture (a graph's warm-up runs first), and shared by
+    every call on the device: the kernels run on one stream, and each waits for the one before it (PDL's wait
+    included) before it touches the counters, so two launches never overlap."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("decode_attention: run it once before capturing a CUDA graph (its counters are "
+        raise RuntimeError("run the fused kernels once before capturing a CUDA graph (their counters are "
                            "allocated on first use)")
-    return torch.zeros(heads, dtype=torch.int32, device=device)
+    return torch.zeros(size, dtype=torch.int32, device=device)
 
 
 @torch.library.custom_op("spark_spec::decode_attention", mutates_args=())
@@ -208,7 +209,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty_like(q)
     tk = _triton()
     _run(tk.attention_partial, (heads, splits, blocks), q, k_cache, v_cache, pos, pos if tree is None else tree, o, m,
-         l, out, _arrivals(q.device, heads), rows_n, n_tokens, scale, q.stride(0), k_cache.stride(0), splits, D=dim,
+         l, out, _counters(q.device, heads), rows_n, n_tokens, scale, q.stride(0), k_cache.stride(0), splits, D=dim,
          ROWS=rows, CHUNK=chunk, SPLITS=width, ONE_PASS=one_pass, PDL=pdl, PRECISION=_precision(q),
          TREE=tree is not None, RSTRIDE=rows * blocks, num_warps=4, num_stages=2, launch_pdl=pdl)
     if not one_pass:
@@ -502,24 +503,12 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
         span = -(-tiles // splits) * block_k  # inputs a split: whole tiles
         if splits > 1:
             parts = torch.empty(blocks * splits * (2 * config[0] + 1) * mp, dtype=torch.float32, device=x.device)
-            counts = _split_counters(x.device)
+            counts = _counters(x.device, _multiprocessors(x.device))  # blocks < multiprocessors (input_splits)
         else:
             parts = counts = out  # not read
         _launch(_triton().gemv_rows, (blocks, splits), config, pdl, *args, parts, counts, tokens, n, k, span,
                 **constexprs, XD=head_major, MP=mp, PRECISION=_precision(x), SPLITS=splits)
 
-
-MAX_SPLIT_BLOCKS = 4096  # row blocks a product split over its inputs may have (its counters)
-
-
-@functools.cache
-def _split_counters(device: torch.device) -> torch.Tensor:
-    """Per row block of a split product, how many of its splits have finished: zero between launches, allocated
-    once outside any graph capture and shared, as `_arrivals` is (the kernels run one after another)."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("gemv: run a split product once before capturing a CUDA graph (its counters are "
-                           "allocated on first use)")
-    return torch.zeros(MAX_SPLIT_BLOCKS, dtype=torch.int32, device=device)
 
 
 @functools.cache
@@ -544,7 +533,7 @@ def input_splits(blocks: int, tiles: int, device: torch.device) -> int:
     against 5.5-5.9 / 2.3-3.0; but the 8B's 2-16-token verify, tiled for 16 tokens and done in ~6 ms, lost to
     the round trip: 8 tokens 1.116 steps against 1.089, 16 tree nodes 1.153 against 1.122."""
     sms = _multiprocessors(device)
-    if not sms or blocks >= sms or blocks > MAX_SPLIT_BLOCKS or os.environ.get("SPARK_SPEC_SPLIT_INPUTS") == "0":
+    if not sms or blocks >= sms or os.environ.get("SPARK_SPEC_SPLIT_INPUTS") == "0":
         return 1
     best = min(range(1, 5), key=lambda s: (-(-blocks * s // sms) / s + 0.05 * (s - 1), s))
     best = min(best, tiles)

@@ -52,14 +52,22 @@ def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_pt
     tl.store(l_ptr + base + rows, l, mask=row_ok)
     tl.store(o_ptr + (base + rows[:, None]) * D + d[None, :], o, mask=row_ok[:, None])
     if ONE_PASS > 0:
-        # The head's last program to finish combines its chunks: the barrier orders every warp's stores before
-        # the counter's release, whose acquire by the last program makes them visible to it; it sets the counter
-        # back to 0 for the next launch.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr + h, 1, sem="acq_rel", scope="gpu")
-        if arrived == splits - 1:
-            tl.atomic_xchg(count_ptr + h, 0, sem="relaxed", scope="gpu")
+        if last_to_finish(count_ptr + h, splits):  # the head's last program combines its chunks
             combine_rows(o_ptr, m_ptr, l_ptr, out_ptr, h, 0, rows_n, splits, D, RSTRIDE, SPLITS, ONE_PASS)
+
+
+@triton.jit
+def last_to_finish(counter, programs):
+    """Whether this program is the last of `programs` sharing `counter` to get here, once it has stored its part:
+    the barrier orders every warp's stores before the counter's release, whose acquire by the last program makes
+    them visible to it (it then reads them with .cg loads, past L1); the last sets the counter back to 0 for the
+    next launch."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    last = arrived == programs - 1
+    if last:
+        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+    return last
 
 
 @triton.jit
@@ -478,8 +486,7 @@ def gemv_rows(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_
     else:
         # Split over the inputs (a product of few rows, whose row blocks alone would leave multiprocessors idle):
         # each program stores its partial sums; the row block's last program to finish adds them up, in the
-        # splits' order (the same result whichever finishes last), and runs the epilogue. The barrier and the
-        # counter's release / acquire order the stores as in attention_partial; the last one resets the counter.
+        # splits' order (the same result whichever finishes last), and runs the epilogue.
         block = tl.program_id(0)
         cell = (block * SPLITS + tl.program_id(1)) * (2 * BN * MP + MP)  # [acc | acc_up | sq] of each program
         at = tl.arange(0, BN)[:, None] * MP + ms[None, :]
@@ -487,10 +494,7 @@ def gemv_rows(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_
         if EPILOGUE == 1:
             tl.store(part_ptr + cell + BN * MP + at, acc_up)
         tl.store(part_ptr + cell + 2 * BN * MP + ms, sq)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr + block, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLITS - 1:
-            tl.atomic_xchg(count_ptr + block, 0, sem="relaxed", scope="gpu")
+        if last_to_finish(count_ptr + block, SPLITS):
             acc = tl.zeros([BN, MP], tl.float32)
             acc_up = tl.zeros([BN, MP], tl.float32)
             sq = tl.zeros([MP], tl.float32)
