@@ -680,3 +680,26 @@ def test_split_products_replayed_in_a_graph_are_bitwise_stable(scheme, tokens):
     dense = weight if scheme == "none" else packed.dequantize().to(torch.bfloat16)
     bound = (x.float().abs() @ dense.float().abs().t()).max()
     assert (unsplit - first).abs().max() <= 2 * 2048 * torch.finfo(torch.float32).eps / 2 * bound
+
+
+def test_kernel_mix_counts_the_loop_body_of_the_disassembly():
+    """benchmarks/kernel_mix.py's per-weight counts come from the longest backward branch's body: modifiers and
+    predicates dropped, the code before and after the loop left out, a shorter inner loop not taken for it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from kernel_mix import loop_body
+
+    sass = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   S2R R0, SR_TID.X ;
+        /*0020*/              @!P0 LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0030*/                   FFMA R5, R4, R4, R5 ;
+        /*0040*/               @P1 BRA 0x20 ;
+        /*0050*/                   LOP3.LUT R6, R4, 0xf, RZ, 0xc0, !PT ;
+        /*0060*/                   FADD R7, R6, -8388616 ;
+        /*0070*/                   FFMA R8, R7, R9, R8 ;
+        /*0080*/              @!P2 BRA 0x20 ;
+        /*0090*/                   STG.E desc[UR4][R2.64], R8 ;
+        /*00a0*/                   EXIT ;
+    """
+    assert loop_body(sass) == {"LDG": 1, "FFMA": 2, "BRA": 2, "LOP3": 1, "FADD": 1}
+    assert loop_body("        /*0000*/                   EXIT ;") == {}

@@ -1,0 +1,108 @@
+"""Where a packed one-token draft step spends its time: each of the 1B's products (o, gate/up, down, head) as the
+graph backend launches it, in bf16, int8 and int4, timed alone (a CUDA graph of 20 launches, no PDL), with the
+bytes it reads, the rate that makes, and the instructions its loop issues per weight (benchmarks/kernel_mix.py).
+A few other tiles are timed beside the chosen ones (`ALTERNATES`). Random weights and codes: the time does not
+depend on their values.
+
+    PYTHONPATH=. python benchmarks/h200/packed_gemv.py --json results/packed_gemv.json
+
+Issue 18 asks what stands between the int4 step and its byte floor; this answers it per product.
+"""
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernel_mix import PRODUCTS, compile_product  # noqa: E402
+
+from spec.models import kernels  # noqa: E402
+from spec.models.quant import GROUP, PackedWeight  # noqa: E402
+
+# Tiles timed beside the ones the wrappers choose. The int4 head in bf16's tile (128 columns on the H200) issues
+# 16.8 instructions a weight in its loop, 8.9 at 256 columns (kernel_mix.py); the H100 measured 102 us at
+# (16, 256, 4) against 174 at (16, 128, 4) (benchmarks/h100/session15/tune_kernels-1b-int4.json).
+ALTERNATES = {("int4", "head"): [(16, 256, 4), (32, 256, 4)], ("int8", "head"): [(16, 256, 4)],
+              ("int4", "gate_up"): [(16, 512, 4)], ("int4", "down"): [(8, 2048, 4)]}
+
+
+def weight(scheme: str, rows: int, k: int, device) -> torch.Tensor | PackedWeight:
+    g = torch.Generator(device=device).manual_seed(0)
+    if scheme == "none":
+        return torch.randn(rows, k, generator=g, device=device, dtype=torch.bfloat16) * 0.02
+    scales = torch.rand(rows, k // GROUP if scheme == "int4" else 1, generator=g, device=device) * 1e-3
+    if scheme == "int8":
+        codes = torch.randint(-127, 128, (rows, k), generator=g, device=device, dtype=torch.int8)
+        return PackedWeight("int8", (rows, k), codes, scales[:, 0].to(torch.bfloat16).contiguous())
+    codes = torch.randint(0, 256, (rows, k // 2), generator=g, device=device, dtype=torch.uint8)
+    return PackedWeight("int4", (rows, k), codes, scales.to(torch.bfloat16), (scales * 0.1).to(torch.bfloat16))
+
+
+def time_us(launch, repeats: int = 20, trials: int = 10) -> float:
+    """Median time of one launch, from a CUDA graph of `repeats` launches replayed `trials` times."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            launch()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeats):
+            launch()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / repeats)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--schemes", default="none,int8,int4")
+    parser.add_argument("--products", default=",".join(PRODUCTS))
+    parser.add_argument("--json", default="results/packed_gemv.json")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    rows = []
+    for scheme in args.schemes.split(","):
+        for name in args.products.split(","):
+            kind, epilogue, n, k = PRODUCTS[name]
+            w = weight(scheme, n * (2 if epilogue == kernels.SILU_MUL else 1), k, device)
+            x = torch.randn(k, device=device, dtype=torch.bfloat16)
+            norm = None if epilogue == kernels.ADD else torch.ones(k, device=device, dtype=torch.bfloat16)
+            out = torch.zeros(n, device=device, dtype=torch.float32 if epilogue == kernels.LOGITS else torch.bfloat16)
+            chosen = tuple(kernels.gemv_config(kind, n, k, device, 1, scheme))
+            for config in [chosen, *ALTERNATES.get((scheme, name), [])]:
+                us = time_us(functools.partial(kernels.gemv, x, w, out, epilogue, norm, 1e-5, config))
+                size = w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes()
+                try:
+                    loop = compile_product(scheme, name, config)
+                except Exception as e:  # no disassembler: the times still stand
+                    loop = {"per_weight": None, "registers": None, "error": str(e)}
+                row = {"scheme": scheme, "product": name, "n": n, "k": k, "config": list(config),
+                       "alternate": config != chosen, "us": us, "bytes": size, "tb_s": size / us / 1e6,
+                       "loop_per_weight": loop["per_weight"], "registers": loop["registers"]}
+                rows.append(row)
+                per_weight = f"{loop['per_weight']:.2f}" if loop["per_weight"] else "?"
+                print(f"{scheme:5} {name:8} {str(config) + ('*' if row['alternate'] else ''):17} {us:8.2f} us "
+                      f"{size / 1e6:7.2f} MB {row['tb_s']:5.2f} TB/s  {per_weight:>6} instr/weight "
+                      f"regs {loop['registers']}", flush=True)
+    with open(args.json, "w") as f:
+        json.dump({"device_name": torch.cuda.get_device_name(device), "command": "benchmarks/h200/packed_gemv.py",
+                   "rows": rows}, f, indent=1)
+    print("wrote", args.json)
+
+
+if __name__ == "__main__":
+    main()
