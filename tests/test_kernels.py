@@ -453,9 +453,15 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
     assert kernels.gemv_config("silu_mul", 14336, 4096, tokens=17) == (64, 128, 4, 2)
     with pytest.raises(ValueError, match="no tiles"):
         kernels.gemv_config("ad", 4096, 4096, tokens=40)
-    # packed weights' one-token tiles: the bf16 tile's bytes (int8 twice its columns), but not the head's
+    # packed weights' one-token tiles: the bf16 tile's bytes (int8 twice its columns), but not the head's, which keeps
+    # bf16's tile at least PACKED_HEAD_COLUMNS wide (the H200's bf16 head tile is 128 columns)
     assert kernels.gemv_config("add", 4096, 4096, quant="int8") == (8, 1024, 8)
     assert kernels.gemv_config("logits", 128256, 2048, quant="int4") == kernels.gemv_config("logits", 128256, 2048)
+    with kernels.trying({("logits", 128256, 2048): (16, 128, 4), ("logits", 151936, 896): (32, 512, 4)}):
+        assert kernels.gemv_config("logits", 128256, 2048, quant="int4") == (16, kernels.PACKED_HEAD_COLUMNS, 4)
+        assert kernels.gemv_config("logits", 128256, 2048, quant="int8") == (16, kernels.PACKED_HEAD_COLUMNS, 4)
+        assert kernels.gemv_config("logits", 128256, 2048) == (16, 128, 4)
+        assert kernels.gemv_config("logits", 151936, 896, quant="int4") == (32, 512, 4)
     assert kernels.fit_shared_memory((16, 256, 2, 6), 2, 1, 64) == (16, 256, 2, 4)  # 6 x 80 x 256 x 2 B > 180 KB
     with pytest.raises(ValueError, match="at most 64"):
         kernels.tile_tokens(65)

@@ -24,10 +24,10 @@ from kernel_mix import PRODUCTS, compile_product  # noqa: E402
 from spec.models import kernels  # noqa: E402
 from spec.models.quant import GROUP, PackedWeight  # noqa: E402
 
-# Tiles timed beside the ones the wrappers choose. The int4 head in bf16's tile (128 columns on the H200) issues
-# 16.8 instructions a weight in its loop, 8.9 at 256 columns (kernel_mix.py); the H100 measured 102 us at
-# (16, 256, 4) against 174 at (16, 128, 4) (benchmarks/h100/session15/tune_kernels-1b-int4.json).
-ALTERNATES = {("int4", "head"): [(16, 256, 4), (32, 256, 4)], ("int8", "head"): [(16, 256, 4)],
+# Tiles timed beside the ones the wrappers choose. A packed head in bf16's H200 tile (128 columns) issues 16.8
+# instructions a weight in its loop against 8.9 at 256 (kernel_mix.py); the H100 measured 102 us at (16, 256, 4)
+# against 174 at (16, 128, 4) (benchmarks/h100/session15/tune_kernels-1b-int4.json): PACKED_HEAD_COLUMNS.
+ALTERNATES = {("int4", "head"): [(16, 128, 4), (32, 256, 4)], ("int8", "head"): [(16, 128, 4)],
               ("int4", "gate_up"): [(16, 512, 4)], ("int4", "down"): [(8, 2048, 4)]}
 
 
@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--schemes", default="none,int8,int4")
     parser.add_argument("--products", default=",".join(PRODUCTS))
     parser.add_argument("--json", default="results/packed_gemv.json")
+    parser.add_argument("--no-count", action="store_true", help="time only (kernel_mix's counts are the same anywhere)")
     args = parser.parse_args()
     device = torch.device("cuda")
     rows = []
@@ -83,13 +84,15 @@ def main() -> None:
             norm = None if epilogue == kernels.ADD else torch.ones(k, device=device, dtype=torch.bfloat16)
             out = torch.zeros(n, device=device, dtype=torch.float32 if epilogue == kernels.LOGITS else torch.bfloat16)
             chosen = tuple(kernels.gemv_config(kind, n, k, device, 1, scheme))
-            for config in [chosen, *ALTERNATES.get((scheme, name), [])]:
+            for config in dict.fromkeys([chosen, *ALTERNATES.get((scheme, name), [])]):
                 us = time_us(functools.partial(kernels.gemv, x, w, out, epilogue, norm, 1e-5, config))
                 size = w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes()
-                try:
-                    loop = compile_product(scheme, name, config)
-                except Exception as e:  # no disassembler: the times still stand
-                    loop = {"per_weight": None, "registers": None, "error": str(e)}
+                loop = {"per_weight": None, "registers": None}
+                if not args.no_count:
+                    try:
+                        loop = compile_product(scheme, name, config)
+                    except Exception as e:  # no disassembler: the times still stand
+                        loop["error"] = str(e)
                 row = {"scheme": scheme, "product": name, "n": n, "k": k, "config": list(config),
                        "alternate": config != chosen, "us": us, "bytes": size, "tb_s": size / us / 1e6,
                        "loop_per_weight": loop["per_weight"], "registers": loop["registers"]}

@@ -291,12 +291,15 @@ TUNED: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = {
         ("logits_rows32", 128256, 4096): (64, 128, 8, 3),
         # Llama-3.2-1B and Qwen2.5-Coder-0.5B, one token with int8 weights (1B: 0.736 ms a step against the rule's
         # 0.777). The tuner's winners at 64 tokens, for the 1B's 2-16 tokens and for int4 lost end to end (9.76 ms
-        # against the wide rule's 9.25, 1.36 against 1.26 one-token steps at 16 tokens, 0.804 ms against 0.775):
-        # left out.
+        # against the wide rule's 9.25, 1.36 against 1.26 one-token steps at 16 tokens, 0.804 ms against 0.775;
+        # int4 again in session 18: 0.851 against 0.732): left out.
+        # Llama-3.2-1B's int8 tiles tuned again in session 18, kept by the tuner's whole-forward check (0.695 ->
+        # 0.652 ms; the step in bench_engine 0.714 -> 0.674, benchmarks/h100/session18/)
         ("qkv@int8", 32, 2048): (4, 512, 4),
-        ("add@int8", 2048, 2048): (4, 512, 4),
-        ("silu_mul@int8", 8192, 2048): (8, 128, 4),
+        ("add@int8", 2048, 2048): (4, 1024, 4),
+        ("silu_mul@int8", 8192, 2048): (32, 256, 4),
         ("add@int8", 2048, 8192): (4, 2048, 4),
+        ("logits@int8", 128256, 2048): (16, 1024, 4),
         ("qkv@int8", 32, 896): (2, 1024, 4),
         ("add@int8", 896, 896): (2, 1024, 4),
         ("silu_mul@int8", 4864, 896): (8, 256, 4),
@@ -404,9 +407,18 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
         config = DEFAULT_TILES.get(tuned_kind(kind, tokens))
         if config is None:
             raise ValueError(f"no tiles for a {kind!r} product")
-    if tokens > 1 or kind == "logits":
+    if tokens > 1:
         return config
+    if kind == "logits":  # a packed head: at least PACKED_HEAD_COLUMNS, else the bf16 tile
+        return config if quant == "none" else (config[0], max(config[1], PACKED_HEAD_COLUMNS), *config[2:])
     return (config[0], packed_columns(config[1], k, KERNEL_FORMATS[quant]), *config[2:])
+
+
+# A packed head's one-token tile is bf16's, at least 256 columns wide. bf16's tile is what the head's 128k-151k rows
+# want (widened to its bytes, the 1B's int4 head took 149 µs on an H100 against 102 in bf16's 256 columns), but the
+# H200's tuned bf16 tile is 128 columns, where an int4 head issues 16.8 instructions a weight against 8.9 at 256
+# (benchmarks/kernel_mix.py) and took 174 µs against 102 on the H100 (session 15's tuner). Not measured on an H200.
+PACKED_HEAD_COLUMNS = 256
 
 
 def _launch(kernel, grid, config: tuple[int, ...], pdl: bool, *args, **constexprs) -> None:
