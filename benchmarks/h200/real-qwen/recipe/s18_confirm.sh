@@ -3,7 +3,7 @@
 # attention tests first; (2) bench_engine with the input splits as they stand (tiles wider than 16 tokens and packed
 # weights) and with SPARK_SPEC_SPLIT_INPUTS=0, back to back, each packed as it ends (issue 19's tree-verify bars and
 # issue 18's draft steps, on the card the bars name); (3) the 1B's products alone in bf16 / int8 / int4
-# (benchmarks/h200/packed_gemv.py); (4) the rest of the CUDA kernel tests in what time is left. About 8 minutes.
+# (benchmarks/h200/packed_gemv.py). About 5 minutes with the start.
 source "$(dirname "$0")/env.sh"
 rm -rf results; mkdir -p results
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $GPU"
@@ -18,8 +18,5 @@ for v in 1 0; do
   mkdir -p r$v; mv results/* r$v/; tar czf $OUT/s18_confirm_split$v.tgz r$v
 done
 mkdir -p results
-timeout 60 python3 benchmarks/h200/packed_gemv.py --json $OUT/packed_gemv.json > $OUT/packed_gemv.log 2>&1
+timeout 100 python3 benchmarks/h200/packed_gemv.py --no-count --json $OUT/packed_gemv.json > $OUT/packed_gemv.log 2>&1
 echo "packed_gemv rc=$?"; cut -c1-150 $OUT/packed_gemv.log | tail -13
-timeout -s INT 150 $PT tests/test_kernels.py -k "not interpreter and not bitwise_stable and not split_attention" \
-  > $OUT/tests_rest.log 2>&1
-echo "tests_rest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed|^E " $OUT/tests_rest.log | tail -6
