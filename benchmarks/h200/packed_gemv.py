@@ -1,5 +1,6 @@
 """Where a packed one-token draft step spends its time: each of the 1B's products (o, gate/up, down, head) as the
-graph backend launches it, in bf16, int8 and int4, timed alone (a CUDA graph of 20 launches, no PDL), with the
+graph backend launches it, in bf16, int8 and int4, timed alone (a CUDA graph of 20 launches over copies of the
+weights that do not fit in L2, no PDL), with the
 bytes it reads, the rate that makes, and the instructions its loop issues per weight (benchmarks/kernel_mix.py).
 A few other tiles are timed beside the chosen ones (`ALTERNATES`). Random weights and codes: the time does not
 depend on their values.
@@ -43,17 +44,32 @@ def weight(scheme: str, rows: int, k: int, device) -> torch.Tensor | PackedWeigh
     return PackedWeight("int4", (rows, k), codes, scales.to(torch.bfloat16), (scales * 0.1).to(torch.bfloat16))
 
 
-def time_us(launch, repeats: int = 20, trials: int = 10) -> float:
-    """Median time of one launch, from a CUDA graph of `repeats` launches replayed `trials` times."""
+L2_CLEAR = 160 * 2**20  # bytes of distinct weights a timing cycles through: over an H100's / H200's 50 MB L2
+
+
+def nbytes(w) -> int:
+    return w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes()
+
+
+def copy_of(w):
+    if isinstance(w, torch.Tensor):
+        return w.clone()
+    return PackedWeight(w.scheme, w.shape, w.codes.clone(), w.scales.clone(),
+                        None if w.zeros is None else w.zeros.clone(), w.group)
+
+
+def time_us(launches, repeats: int = 20, trials: int = 10) -> float:
+    """Median time of one launch, from a CUDA graph of `repeats` launches (cycling through `launches`, each over
+    its own copy of the weights, so they stream from memory, not from L2) replayed `trials` times."""
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        for _ in range(3):
+        for launch in launches:
             launch()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(repeats):
-            launch()
+        for i in range(repeats):
+            launches[i % len(launches)]()
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -79,14 +95,15 @@ def main() -> None:
     for scheme in args.schemes.split(","):
         for name in args.products.split(","):
             kind, epilogue, n, k = PRODUCTS[name]
-            w = weight(scheme, n * (2 if epilogue == kernels.SILU_MUL else 1), k, device)
+            copies = [weight(scheme, n * (2 if epilogue == kernels.SILU_MUL else 1), k, device)]
+            size = nbytes(copies[0])
+            copies += [copy_of(copies[0]) for _ in range(min(19, -(-L2_CLEAR // size) - 1))]
             x = torch.randn(k, device=device, dtype=torch.bfloat16)
             norm = None if epilogue == kernels.ADD else torch.ones(k, device=device, dtype=torch.bfloat16)
             out = torch.zeros(n, device=device, dtype=torch.float32 if epilogue == kernels.LOGITS else torch.bfloat16)
             chosen = tuple(kernels.gemv_config(kind, n, k, device, 1, scheme))
             for config in dict.fromkeys([chosen, *ALTERNATES.get((scheme, name), [])]):
-                us = time_us(functools.partial(kernels.gemv, x, w, out, epilogue, norm, 1e-5, config))
-                size = w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes()
+                us = time_us([functools.partial(kernels.gemv, x, c, out, epilogue, norm, 1e-5, config) for c in copies])
                 loop = {"per_weight": None, "registers": None}
                 if not args.no_count:
                     try:

@@ -21,7 +21,7 @@ from spec.models import kernels
 rows = [{'kind': 'logits@' + q, 'n': 128256, 'k': 2048, 'bn': 16, 'block_k': 128, 'warps': 4} for q in ('int8', 'int4')]
 path = kernels.tuned_path(torch.cuda.get_device_name(0)); path.parent.mkdir(parents=True, exist_ok=True); path.write_text(json.dumps({'configs': rows})); print(path)"
 timeout 120 $B > $OUT/bench_head128.log 2>&1; echo "head128 rc=$?"; show
-rm -f ~/.cache/spark-spec/kernels/*.json
+python3 -c "import torch; from spec.models import kernels; kernels.tuned_path(torch.cuda.get_device_name(0)).unlink()"
 mkdir -p r2; mv results/* r2/; tar czf $OUT/s18_h200_head128.tgz r2
 mkdir -p results
 timeout 100 python3 benchmarks/h200/packed_gemv.py --no-count --json $OUT/packed_gemv.json > $OUT/packed_gemv.log 2>&1
