@@ -7,9 +7,10 @@ instruction, per weight it reads.
 
 Why: a product streams its weights once, so it runs at the memory's speed only while the multiprocessors issue its
 instructions faster than the bytes arrive. An H200 issues about 1.0e12 warp-instructions a second (132
-multiprocessors x 4 schedulers x ~1.9 GHz) and reads 4.8e12 bytes: a loop that spends more than ~2 instructions a
-weight in bf16 (2 bytes), ~1 in int8 or ~0.5 in int4 (0.5 byte) is bound by its arithmetic, not its bytes. The
-counts are static (one pass of the loop body, divided by the weights one thread reads per pass).
+multiprocessors x 4 schedulers x ~1.9 GHz), 3.2e13 of a thread's, and reads 4.8e12 bytes: a loop that spends more
+than ~13 of a thread's instructions a weight in bf16 (2 bytes), ~6.7 in int8 (1 byte) or ~4.2 in int4 (0.625 byte
+with its scales) cannot keep up with its bytes even at perfect issue. The counts are static and a thread's (one
+pass of the loop body, divided by the weights one thread reads per pass).
 
 Needs Triton (it ships with torch on Linux; on a CPU-only machine: pip install triton). Its bundled cuobjdump
 disassembles the cubin.
@@ -104,7 +105,7 @@ def compile_product(scheme: str, product: str, config: tuple[int, ...]) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--schemes", default="none,int8,int4", help="weight formats (default: %(default)s)")
-    parser.add_argument("--products", default="gate_up,down,head", help=f"of {','.join(PRODUCTS)}")
+    parser.add_argument("--products", default=",".join(PRODUCTS), help="of %(default)s")
     parser.add_argument("--device-name", default="NVIDIA H200", help="whose tuned tiles (else the rules)")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
@@ -124,7 +125,9 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{scheme:5} {product:8} tiles {str(tuple(row['config'])):16} {row['loop_instructions']:5} "
                   f"instructions / {row['weights_per_thread']:5.0f} weights = {per_weight:>7} a weight "
                   f"(regs {row['registers']}): {top}", flush=True)
-    result = {"target": "sm_90", "device_name": args.device_name, "rows": out}
+    import triton
+
+    result = {"target": "sm_90", "device_name": args.device_name, "triton": triton.__version__, "rows": out}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -457,11 +457,14 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
     # bf16's tile at least PACKED_HEAD_COLUMNS wide (the H200's bf16 head tile is 128 columns)
     assert kernels.gemv_config("add", 4096, 4096, quant="int8") == (8, 1024, 8)
     assert kernels.gemv_config("logits", 128256, 2048, quant="int4") == kernels.gemv_config("logits", 128256, 2048)
-    with kernels.trying({("logits", 128256, 2048): (16, 128, 4), ("logits", 151936, 896): (32, 512, 4)}):
-        assert kernels.gemv_config("logits", 128256, 2048, quant="int4") == (16, kernels.PACKED_HEAD_COLUMNS, 4)
-        assert kernels.gemv_config("logits", 128256, 2048, quant="int8") == (16, kernels.PACKED_HEAD_COLUMNS, 4)
-        assert kernels.gemv_config("logits", 128256, 2048) == (16, 128, 4)
-        assert kernels.gemv_config("logits", 151936, 896, quant="int4") == (32, 512, 4)
+    with kernels.trying({**kernels.TUNED["NVIDIA H200"], ("logits", 151936, 896): (32, 512, 4)}):
+        assert kernels.gemv_config("logits", 128256, 2048) == (16, 128, 4)  # the H200's bf16 head tile
+        for quant in ("int4", "int8", "fp8"):
+            assert kernels.gemv_config("logits", 128256, 2048, quant=quant) == (16, 256, 4)
+        assert kernels.gemv_config("logits", 151936, 896, quant="int4") == (32, 512, 4)  # wide enough already
+        # 2-16 tokens: a packed head keeps the plain width's tiles
+        assert kernels.gemv_config("logits", 128256, 4096, tokens=9, quant="int4") == \
+            kernels.gemv_config("logits", 128256, 4096, tokens=9)
     assert kernels.fit_shared_memory((16, 256, 2, 6), 2, 1, 64) == (16, 256, 2, 4)  # 6 x 80 x 256 x 2 B > 180 KB
     with pytest.raises(ValueError, match="at most 64"):
         kernels.tile_tokens(65)
@@ -688,10 +691,11 @@ def test_split_products_replayed_in_a_graph_are_bitwise_stable(scheme, tokens):
     assert (unsplit - first).abs().max() <= 2 * 2048 * torch.finfo(torch.float32).eps / 2 * bound
 
 
-def test_kernel_mix_counts_the_loop_body_of_the_disassembly():
+def test_kernel_mix_counts_the_loop_body_of_the_disassembly(monkeypatch):
     """benchmarks/kernel_mix.py's per-weight counts come from the longest backward branch's body: modifiers and
-    predicates dropped, the code before and after the loop left out, a shorter inner loop not taken for it."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    predicates dropped (uniform ones too, and cuobjdump's encoding comments), the code before and after the loop
+    left out, a shorter inner loop not taken for it."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from kernel_mix import loop_body
 
     sass = """
@@ -701,8 +705,8 @@ def test_kernel_mix_counts_the_loop_body_of_the_disassembly():
         /*0030*/                   FFMA R5, R4, R4, R5 ;
         /*0040*/               @P1 BRA 0x20 ;
         /*0050*/                   LOP3.LUT R6, R4, 0xf, RZ, 0xc0, !PT ;
-        /*0060*/                   FADD R7, R6, -8388616 ;
-        /*0070*/                   FFMA R8, R7, R9, R8 ;
+        /*0060*/             @!UP0 FADD R7, R6, -8388616 ;                               /* 0xcb00000806077421 */
+        /*0070*/                   FFMA R8, R7, R9, R8 ;                                  /* 0x0000000907087223 */
         /*0080*/              @!P2 BRA 0x20 ;
         /*0090*/                   STG.E desc[UR4][R2.64], R8 ;
         /*00a0*/                   EXIT ;

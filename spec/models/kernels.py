@@ -389,7 +389,8 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     token: (rows per program, columns per iteration, warps); 2-64 tokens: the same and the software-pipelining
     depth. The tuned entry for this GPU, this token width and this format if there is one (`tuned_kind`); else a
     rule: the plain weights' entry for this width (or a default per kind: past 16 tokens the wide tile), whose
-    one-token tile is widened for packed weights to the bf16 tile's bytes (`packed_columns`), the head's excepted."""
+    one-token tile is widened for packed weights to the bf16 tile's bytes (`packed_columns`), but for the head, which
+    keeps bf16's tile at least PACKED_HEAD_COLUMNS wide."""
     table = _tuned(torch.cuda.get_device_name(device)) if device is not None and device.type == "cuda" else {}
     if _TRIAL:
         table = {**table, **_TRIAL}
@@ -414,10 +415,11 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     return (config[0], packed_columns(config[1], k, KERNEL_FORMATS[quant]), *config[2:])
 
 
-# A packed head's one-token tile is bf16's, at least 256 columns wide. bf16's tile is what the head's 128k-151k rows
-# want (widened to its bytes, the 1B's int4 head took 149 µs on an H100 against 102 in bf16's 256 columns), but the
-# H200's tuned bf16 tile is 128 columns, where an int4 head issues 16.8 instructions a weight against 8.9 at 256
-# (benchmarks/kernel_mix.py) and took 174 µs against 102 on the H100 (session 15's tuner). Not measured on an H200.
+# A packed head's one-token tile (int8, int4, fp8) is bf16's, at least 256 columns wide. bf16's tile is what the
+# head's 128k-151k rows want (widened to its bytes, the 1B's int4 head took 149 µs on an H100 against 102 in bf16's
+# 256 columns), but the H200's tuned bf16 tile is 128 columns, where an int4 head issues 16.8 instructions a weight
+# against 8.9 at 256 (benchmarks/kernel_mix.py) and took 184 µs against 103 on an H100, the whole int4 step 0.840 ms
+# against 0.766 (benchmarks/h100/session18/). Not measured on an H200.
 PACKED_HEAD_COLUMNS = 256
 
 

@@ -1,5 +1,6 @@
 # Session 18, second call, on the same warm machine: no session has tuned the 1B's packed one-token tiles on an H200
-# (its table holds bf16's; packed weights take the rule: bf16's tile widened to its bytes, the head's not widened).
+# (its table holds bf16's; packed weights take the rule: bf16's tile widened to its bytes, the head's only to 256
+# columns).
 # The tuner for the draft in int4 and int8, each kept only if the whole step gets faster, then bench_engine with
 # what it kept. About 4 minutes.
 source "$(dirname "$0")/env.sh"
