@@ -6,6 +6,8 @@
 source "$(dirname "$0")/env.sh"
 rm -rf results; mkdir -p results
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $GPU"
+# ONLY_H200=1: nothing on another card, and no products alone (little device time left; an H100 measured them)
+if [ -n "${ONLY_H200:-}" ]; then case "$GPU" in *H200*) ;; *) echo "not an H200: nothing to do"; exit 0;; esac; fi
 B="python3 -m spec.bench_engine --pair llama-random --device cuda --backends graph --draft-quants int8,int4 \
   --ns 1,2,5,8,16 --tree-nodes 16,32,64 --parts speed --no-hf"
 show() { python3 -c "import json,glob; d=json.load(open(sorted(glob.glob('results/bench_engine-*.json'))[-1])); print({k: round(v, 3) for k, v in d.items() if isinstance(v, float) and any(s in k for s in ('tree', 'int', 'verify', 'tok_s', 'step'))})"; }
@@ -24,5 +26,6 @@ timeout 120 $B > $OUT/bench_head128.log 2>&1; echo "head128 rc=$?"; show
 python3 -c "import torch; from spec.models import kernels; kernels.tuned_path(torch.cuda.get_device_name(0)).unlink()"
 mkdir -p r2; mv results/* r2/; tar czf $OUT/s18_h200_head128.tgz r2
 mkdir -p results
+[ -n "${ONLY_H200:-}" ] && exit 0
 timeout 100 python3 benchmarks/h200/packed_gemv.py --no-count --json $OUT/packed_gemv.json > $OUT/packed_gemv.log 2>&1
 echo "packed_gemv rc=$?"; cut -c1-120 $OUT/packed_gemv.log | tail -20
