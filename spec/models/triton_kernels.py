@@ -170,8 +170,8 @@ def exact_float(code, bias: tl.constexpr):
     one-token product does one a weight. Instead the code goes into the low bits of 2^23's mantissa (an integer
     add or or, widening a byte at the full rate), and the float 2^23 + c less 2^23 + bias is exact for
     0 <= c < 2^23: the sum is an integer below 2^24. Measured on an H100 (session 17): the 1B's packed one-token
-    step 4-5 % faster at most (int8 0.745 -> 0.709-0.717 ms), within the spread between runs: the step is bound by
-    its kernels' latency, not this arithmetic."""
+    step 4-5 % faster at most (int8 0.745 -> 0.709-0.717 ms), within the spread between runs: the conversion is one
+    of the 8-9 instructions an int4 weight costs in the loop (benchmarks/kernel_mix.py, docs/quantization.md)."""
     if code.dtype == tl.int8:  # q in [-128, 127]: 2^23 + 128 + q, then subtract 2^23 + 128 + bias
         word = code.to(tl.int32) + 0x4B000080
         return word.to(tl.float32, bitcast=True) - (8388736.0 + bias)
