@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import random
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from spec.io import table
 
@@ -148,39 +149,56 @@ def tree_tokens(shape, rank_probs) -> float:
     return total
 
 
-def tree_tokens_by_depth(shape, leave) -> float:
-    """Expected tokens per round of a static tree when a node at depth d - 1 (the root is depth 0) offering its b
-    top children is left by one of them with probability leave(d, b), independently of the other depths:
-    1 + sum_d prod_{i <= d} leave(i, b_i). `tree_tokens` is the case leave(d, b) = a_0 + .. + a_{b-1}."""
-    total, reach = 1.0, 1.0
+def tree_reach_by_depth(shape, leave) -> list[float]:
+    """The probability that a round of a static tree accepts through depth d, for d = 1 .. len(shape), when a node at
+    depth d - 1 (the root is depth 0) offering its b top children is left by one of them with probability
+    leave(d, b), independently of the other depths: prod_{i <= d} leave(i, b_i)."""
+    out, reach = [], 1.0
     for depth, b in enumerate(shape, 1):
         reach *= leave(depth, b)
-        total += reach
-    return total
+        out.append(reach)
+    return out
 
 
-def replayed_tree_tokens(ranks: list[int], shape) -> tuple[int, int]:
-    """(tokens, rounds) a static tree would take over a greedy text whose token j has rank ranks[j] among the
-    draft's choices after the true text before it: each round descends while the rank at depth d is below b_d,
-    and emits one token more (the fix, or the bonus)."""
-    start = rounds = 0
+def tree_tokens_by_depth(shape, leave) -> float:
+    """Expected tokens per round of a static tree (see `tree_reach_by_depth`): 1 + sum_d prod_{i <= d} leave(i, b_i).
+    `tree_tokens` is the case leave(d, b) = a_0 + .. + a_{b-1}."""
+    return 1.0 + sum(tree_reach_by_depth(shape, leave))
+
+
+class Replay(NamedTuple):
+    """What a static tree does over a greedy text: tokens, rounds, and the rounds that accepted every depth (the
+    draft never fed their deepest node, so the next round's first draft forward reads two tokens: the catch-up)."""
+    tokens: int
+    rounds: int
+    full: int
+
+
+def replayed_tree_tokens(ranks: list[int], shape) -> Replay:
+    """What a static tree would do over a greedy text whose token j has rank ranks[j] among the draft's choices
+    after the true text before it: each round descends while the rank at depth d is below b_d, and emits one
+    token more (the fix, or the bonus)."""
+    start = rounds = full = 0
     while start < len(ranks):
         depth = 0
         while depth < len(shape) and start + depth < len(ranks) - 1 and ranks[start + depth] < shape[depth]:
             depth += 1
-        start, rounds = start + depth + 1, rounds + 1
-    return len(ranks), rounds
+        start, rounds, full = start + depth + 1, rounds + 1, full + (depth == len(shape))
+    return Replay(len(ranks), rounds, full)
 
 
-def tree_round_cost(shape, draft_cost: Mapping[int, float], verify: Mapping[int, float]) -> float:
-    """One round of a static tree in target steps: D draft forwards (the first over the one new true token, then
-    one over each depth's nodes but the last) and one target forward over the nodes plus the true token.
+def tree_round_cost(shape, draft_cost: Mapping[int, float], verify: Mapping[int, float], full: float = 0.0) -> float:
+    """One round of a static tree in target steps: D draft forwards (the first over the new true token, then one
+    over each depth's nodes but the last) and one target forward over the nodes plus the true token. `full`: the
+    share of rounds that accept every depth; the round after each feeds the draft two tokens in its first forward
+    (the deepest node, never fed, and the bonus), which costs draft_cost[2] - draft_cost[1] more.
     draft_cost[w]: a draft forward of w tokens; verify[n]: a target forward of n tokens (verify[1] = 1)."""
     widths, width = [], 1
     for b in shape:
         width *= b
         widths.append(width)
-    return draft_cost[1] + sum(draft_cost[w] for w in widths[:-1]) + verify[sum(widths) + 1]
+    catch_up = full * (draft_cost[2] - draft_cost[1]) if full else 0.0
+    return draft_cost[1] + catch_up + sum(draft_cost[w] for w in widths[:-1]) + verify[sum(widths) + 1]
 
 
 def tree_shapes(max_nodes: int, max_depth: int, max_branch: int = 4) -> list[tuple[int, ...]]:

@@ -353,7 +353,8 @@ class TreePolicy:
     - Acceptance: `SlotHazards` from each round's slots (which child the rule took at each node it visited), per
       depth and rank; a static shape then emits `calc.tree_tokens_by_depth` tokens a round.
     - Draft cost: a draft forward over w tokens costs a_d + b_d w seconds, fitted (`LineFit`) to each round's draft
-      time against its forwards (how many, and the tokens they read: the catch-up, then each fed depth's width).
+      time against its forwards (how many, and the tokens they read: the catch-up, then each fed depth's width); a
+      shape's prediction counts the catch-up its full rounds cause (`calc.tree_round_cost`'s `full`).
     - Verify cost: a target forward over n tokens costs a_v + b_v n seconds, fitted to each round's verify time (the
       forward and the rule) against the tokens it read; n = 1 is a plain step, the unit of `calc.tree_round_cost`.
     - Overhead: the rest of a round (bookkeeping, the caches' compaction), a decayed mean per round.
@@ -399,7 +400,7 @@ class TreePolicy:
         if draft is None or verify is None or self.overhead.value is None or verify[0] + verify[1] <= 0:
             return None
         step = verify[0] + verify[1]
-        widest = max(max(widths(shape)[:-1], default=1) for shape in self.shapes)
+        widest = max(2, *(max(widths(shape)[:-1], default=1) for shape in self.shapes))  # 2: the catch-up
         draft_cost = {w: (draft[0] + draft[1] * w) / step for w in range(1, widest + 1)}
         verify_cost = {n: (verify[0] + verify[1] * n) / step for n in range(1, MAX_NODES + 2)}
         return draft_cost, verify_cost, self.overhead.value / step
@@ -427,8 +428,9 @@ class TreePolicy:
         draft_cost, verify_cost, overhead = costs
         out = [((), 1 / (1 + overhead))]
         for shape in self.shapes:
-            tokens = calc.tree_tokens_by_depth(shape, self.hazards.leave)
-            out.append((shape, tokens / (calc.tree_round_cost(shape, draft_cost, verify_cost) + overhead)))
+            reach = calc.tree_reach_by_depth(shape, self.hazards.leave)
+            cost = calc.tree_round_cost(shape, draft_cost, verify_cost, full=reach[-1]) + overhead
+            out.append((shape, (1 + sum(reach)) / cost))
         return out
 
     def choice(self) -> tuple[tuple[int, ...], float]:

@@ -7,7 +7,11 @@ How the prediction is made (spec/calc.py): one plain greedy run per prompt gives
 over that text gives, at every position, the rank of the target's token among the draft's choices. Under greedy
 decoding a tree of top-b children accepts depth d exactly when that rank is below b_d, so replaying the ranks gives
 each shape's tokens per target forward without running it. Timed forwards of the draft (over 1..8 tokens) and of
-the target (over 1..nodes+1 tokens) give each shape's round cost, in target steps. Then the chain at K = 4, the best
+the target (over 1..nodes+1 tokens) give each shape's round cost, in target steps, with the draft's catch-up after
+rounds that accept every depth (its first forward then reads two tokens). The loop's own work between forwards
+(the rule, the trees' masks, the drafter's choices, each a few tens of microseconds a node on a GPU) is timed too:
+short runs of a few shapes on the first prompt fit it as a round's, a draft forward's and an expanded node's share,
+and plain decoding's seconds a token give the baseline's. Then the chain at K = 4, the best
 chain, the best tree by predicted speed and the tree with the most tokens per forward (within --max-nodes) run
 for real through the loop: tokens per target forward, decode speed against plain decoding, and identity. So do a
 dynamic tree of --max-nodes nodes (EAGLE-2's, at most --max-depth deep) and the tree policy (`--tree auto`: one
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+import numpy
 import torch
 
 from spec import calc, log, plots
@@ -31,6 +36,18 @@ from spec.io import Results, load_prompts, table
 from spec.models import chat_ids, dtype_name
 from spec.policy import TreePolicy
 from spec.tree import Auto, Dynamic, describe, most_nodes, nodes_of, parse_tree, widths
+
+
+def calibration_shapes(max_nodes: int, max_depth: int) -> list[tuple[int, ...]]:
+    """Shapes whose short runs calibrate the loop's host work (`calibrate`): chains and trees of 1-4 draft forwards
+    and 1-7 nodes expanded, so that the two are told apart, within the sweep's limits (smaller ones where those
+    leave fewer than four)."""
+    fits = [s for s in ((1,), (1, 1, 1, 1), (2, 2), (2, 1, 1, 1), (4, 2))
+            if nodes_of(s) <= max_nodes and len(s) <= max_depth]
+    if len(fits) < 4:
+        fits += [s for s in ((1,) * min(4, max_depth), (2, 1), (min(4, max_nodes),))
+                 if s not in fits and nodes_of(s) <= max_nodes and len(s) <= max_depth]
+    return fits
 
 
 def ranks_of(pair, ids: list[int], tokens: list[int]) -> list[int]:
@@ -59,20 +76,59 @@ def costs(pair, context: list[int], max_width: int, max_tokens: int, trials: int
     return {w: s / step for w, s in draft.items()}, {n: s / step for n, s in target.items()}, step
 
 
-def predict(shapes, texts: list[list[int]], draft_cost: dict, verify: dict) -> list[dict]:
-    """Each shape's replayed tokens per target forward, its round cost and predicted decode speedup."""
+def expansions(shape) -> int:
+    """Nodes a round of `shape` expands (chooses children for): the root and every node of a depth but the last."""
+    return 1 + sum(widths(shape)[:-1])
+
+
+def host_seconds(host: dict, forwards: int, expanded: int) -> float:
+    """A round's time outside its forwards, from the fit `calibrate` makes (seconds)."""
+    return host["round_s"] + host["forward_s"] * forwards + host["node_s"] * expanded
+
+
+def predict(shapes, texts: list[list[int]], draft_cost: dict, verify: dict, step: float, host: dict) -> list[dict]:
+    """Each shape's replayed tokens per target forward, its round cost and predicted decode speedup over plain
+    decoding: tokens a round x plain decoding's seconds a token / the round's seconds, where a round costs its
+    forwards (`calc.tree_round_cost`, the catch-up after full rounds included) and its host work (`calibrate`), and
+    a plain token its forward and host work (`host["plain_s"]`). `forwards_only_speedup` is the calculator's
+    speedup from the forwards alone (tokens a round / their cost in target steps)."""
     out = []
     for shape in shapes:
-        tokens = rounds = 0
+        tokens = rounds = full = 0
         for ranks in texts:
-            t, r = calc.replayed_tree_tokens(ranks, shape)
-            tokens, rounds = tokens + t, rounds + r
+            replay = calc.replayed_tree_tokens(ranks, shape)
+            tokens, rounds, full = tokens + replay.tokens, rounds + replay.rounds, full + replay.full
         per_round = tokens / rounds
-        cost = calc.tree_round_cost(shape, draft_cost, verify)
+        bare = calc.tree_round_cost(shape, draft_cost, verify)
+        cost = calc.tree_round_cost(shape, draft_cost, verify, full=full / rounds)
+        round_s = cost * step + host_seconds(host, len(shape), expansions(shape))
         out.append({"shape": ",".join(map(str, shape)), "depth": len(shape), "nodes": nodes_of(shape),
-                    "chain": set(shape) == {1}, "tokens_per_forward": per_round, "cost_steps": cost,
-                    "predicted_speedup": per_round / cost})
+                    "chain": set(shape) == {1}, "tokens_per_forward": per_round, "full_rounds": full / rounds,
+                    "cost_steps": cost, "host_steps": round_s / step - cost,
+                    "forwards_only_speedup": per_round / bare,
+                    "predicted_speedup": per_round * (step + host["plain_s"]) / round_s})
     return out
+
+
+def calibrate(pair, ids: list[int], n: int, shapes, draft_cost: dict, verify: dict, step: float,
+              plain_token_s: float) -> dict:
+    """The loop's time outside the forwards, in seconds: a plain token's (`plain_s`: plain decoding's seconds a
+    token, less a timed target step), and a speculative round's, fitted by least squares as
+    round_s + forward_s x (draft forwards) + node_s x (nodes expanded) to short runs of `shapes` on one prompt (each
+    round's time less the timed forwards it made: the draft's, the catch-up's width included, and the target's
+    over the tokens it verified). The first two rounds of each run are left out."""
+    rows, seconds = [], []
+    for shape in shapes:
+        k, tree = loop_setting(shape, len(shape))
+        for r in run_loop(pair, "draft", k, ids, n, tree=tree).rounds[2:]:
+            if not r.forwards or max(r.forwards) not in draft_cost:
+                continue
+            forwards = sum(draft_cost[w] for w in r.forwards) + verify[r.verified]
+            rows.append([1.0, len(r.forwards), 1 + sum(r.forwards[1:])])  # the root and the nodes fed
+            seconds.append(r.total_s - forwards * step)
+    coef = numpy.linalg.lstsq(numpy.array(rows), numpy.array(seconds), rcond=None)[0] if rows else [0.0] * 3
+    return {"plain_s": plain_token_s - step, "round_s": float(coef[0]), "forward_s": float(coef[1]),
+            "node_s": float(coef[2]), "rounds": len(rows), "shapes": [",".join(map(str, s)) for s in shapes]}
 
 
 def loop_setting(setting, max_depth: int) -> tuple:
@@ -143,13 +199,16 @@ def main(argv=None) -> dict:
     shapes = calc.tree_shapes(args.max_nodes, args.max_depth)
     chains = [(1,) * k for k in range(1, 9)]
     static = [t for t in args.trees if isinstance(t, tuple)]
-    longest = max(max(widths(s)[:-1] or [1]) for s in [*shapes, *static])
+    calibration = calibration_shapes(args.max_nodes, args.max_depth)
+    longest = max(2, *(max(widths(s)[:-1] or [1]) for s in [*shapes, *static, *calibration]))  # 2: the catch-up
     first_ids = ids_of[prompts[0]["id"]]
     context = first_ids + plain[prompts[0]["id"]].tokens
     draft_cost, verify, step = costs(pair, context, longest, max(nodes_of(s) for s in [*shapes, *chains,
                                                                                       *static]) + 1, args.trials)
+    plain_token_s = sum(r.decode_s for r in plain.values()) / sum(len(r.tokens) for r in plain.values())
+    host = calibrate(pair, first_ids, min(n, 32), calibration, draft_cost, verify, step, plain_token_s)
     predicted = predict(sorted({*shapes, *chains, *static}, key=lambda s: (nodes_of(s), s)), texts, draft_cost,
-                        verify)
+                        verify, step, host)
     by_shape = {p["shape"]: p for p in predicted}
     best_chain = max((p for p in predicted if p["chain"]), key=lambda p: p["predicted_speedup"])
     trees = [p for p in predicted if not p["chain"] and p["nodes"] <= args.max_nodes]
@@ -188,18 +247,21 @@ def main(argv=None) -> dict:
             row = {"shape": shape_text, "id": prompt["id"], "tokens": len(result.tokens),
                    "rounds": len(result.rounds), "decode_s": result.decode_s, "plain_decode_s": base.decode_s,
                    "identical": same}
-            if isinstance(k, TreePolicy):  # what it chose each round and what that cost, to see why
-                row["round_detail"] = [[r.drafted, r.accepted, r.draft_s, r.verify_s, r.total_s, list(r.forwards)]
-                                       for r in result.rounds]
+            # every round: nodes, kept, draft / verify / total seconds, draft forwards, tokens verified
+            row["round_detail"] = [[r.drafted, r.accepted, r.draft_s, r.verify_s, r.total_s, list(r.forwards),
+                                    r.verified] for r in result.rounds]
+            if isinstance(k, TreePolicy):  # what it chose and what that cost, to see why
                 row["policy"] = k.snapshot()
             results.add(row)
-        guess = by_shape.get(shape_text, {"tokens_per_forward": nan, "predicted_speedup": nan})
+        guess = by_shape.get(shape_text, {"tokens_per_forward": nan, "predicted_speedup": nan,
+                                          "forwards_only_speedup": nan})
         measured.append({
             "shape": shape_text, "nodes": nodes_of(setting) if isinstance(setting, tuple) else drafted / rounds,
             "depth": len(setting) if isinstance(setting, tuple) else args.max_depth,
             "tokens_per_forward": tokens / rounds, "predicted_tokens_per_forward": guess["tokens_per_forward"],
             "speedup": plain_s / spec_s, "predicted_speedup": guess["predicted_speedup"],
             "prediction_error": guess["predicted_speedup"] / (plain_s / spec_s) - 1,
+            "forwards_only_error": guess["forwards_only_speedup"] / (plain_s / spec_s) - 1,
             "spec_tok_s": tokens / spec_s, "identical": f"{identical}/{len(prompts)}",
             "parted": len(prompts) - identical, "near_ties": near_ties,
         })
@@ -211,22 +273,27 @@ def main(argv=None) -> dict:
     print(f"\n{pair.name}, {pair.device} {dtype_name(pair.dtype)}: {len(prompts)} {args.prompts} prompts x {n} tokens; "
           f"target step {step * 1e3:.1f} ms; draft forward of 1/2/4 tokens = "
           + "/".join(f"{draft_cost[w]:.3f}" for w in (1, 2, 4) if w in draft_cost) + " target steps; the draft's "
-          "rank of the target's token: " + ", ".join(f"r{i} {p:.2f}" for i, p in enumerate(rank_probs)))
+          "rank of the target's token: " + ", ".join(f"r{i} {p:.2f}" for i, p in enumerate(rank_probs))
+          + f"; host work (target steps): a plain token {host['plain_s'] / step:.3f}, a round "
+          f"{host['round_s'] / step:.3f} + {host['forward_s'] / step:.3f} a draft forward + {host['node_s'] / step:.3f}"
+          f" a node expanded (fitted to {host['rounds']} rounds of {' / '.join(host['shapes'])})")
     print("\npredicted (replayed ranks), the best 8 by speed:")
     print(table(sorted(predicted, key=lambda p: -p["predicted_speedup"])[:8],
                 [("shape", "s"), ("nodes", "d"), ("tokens_per_forward", ".2f"), ("cost_steps", ".2f"),
-                 ("predicted_speedup", ".2f")]))
+                 ("host_steps", ".2f"), ("forwards_only_speedup", ".2f"), ("predicted_speedup", ".2f")]))
     print("\nmeasured (the first row is the chain at K = 4):")
     print(table(measured, [("shape", "s"), ("nodes", ".1f"), ("tokens_per_forward", ".2f"),
                            ("predicted_tokens_per_forward", ".2f"), ("tokens_per_forward_vs_chain4", ".2f"),
                            ("speedup", ".2f"), ("predicted_speedup", ".2f"), ("prediction_error", "+.1%"),
+                           ("forwards_only_error", "+.1%"),
                            ("identical", "s"), ("near_ties", "d")]))
     if summary := parting_summary(measured):
         print(summary)
     result = {"task": "tree_sweep", "pair": pair.name, "device": str(pair.device), "dtype": dtype_name(pair.dtype),
               **pair.quant_setup(),
               "args": {**vars(args), "trees": [describe(t) for t in args.trees]},
-              "target_step_s": step, "draft_cost": draft_cost, "verify": verify, "rank_probs": rank_probs,
+              "target_step_s": step, "draft_cost": draft_cost, "verify": verify, "host": host,
+              "rank_probs": rank_probs,
               "predicted": predicted, "measured": measured}
     path = results.finish(result)
     plots.tree_sweep(result, path.with_suffix(".png"))

@@ -133,6 +133,15 @@ def test_a_chain_is_the_tree_calculators_special_case():
     assert calc.tree_round_cost((1, 1, 1, 1), draft, verify) == pytest.approx(calc.round_cost(4, 0.1, verify[5]))
 
 
+def test_a_full_round_costs_the_next_one_a_draft_forward_of_two_tokens():
+    draft = {1: 0.1, 2: 0.16}
+    verify = {n: 1 + 0.02 * (n - 1) for n in range(1, 20)}
+    plain = calc.tree_round_cost((2, 1), draft, verify)
+    assert plain == pytest.approx(0.1 + 0.16 + verify[5])  # (2, 1): 2 + 2 nodes and the true token verified
+    assert calc.tree_round_cost((2, 1), draft, verify, full=0.5) == pytest.approx(plain + 0.5 * 0.06)
+    assert calc.tree_reach_by_depth((2, 1), lambda d, b: 0.8 if b == 2 else 0.5) == pytest.approx([0.8, 0.4])
+
+
 def test_tree_tokens_sums_the_path_acceptance_of_every_node():
     a = [0.6, 0.2, 0.1]
     # shape (2, 1): 2 depth-1 nodes (0.6 + 0.2) and their children (each 0.6 more): 1 + 0.8 + 0.8 * 0.6
@@ -142,13 +151,16 @@ def test_tree_tokens_sums_the_path_acceptance_of_every_node():
 
 def test_replaying_ranks_walks_rounds_as_a_greedy_tree_would():
     ranks = [0, 0, 1, 0, 3, 0, 0, 0]
-    # (2, 1): [0, 0] + bonus; [0 (rank 0 < 2), 3 (not < 1)] -> 1 + fix; [0, 0] + bonus -> 3 rounds for 8 tokens
-    assert calc.replayed_tree_tokens(ranks, (2, 1)) == (8, 3)
+    # (2, 1): [0, 0] + bonus; [0 (rank 0 < 2), 3 (not < 1)] -> 1 + fix; [0, 0] + bonus -> 3 rounds for 8 tokens,
+    # the first and the last full (every depth accepted)
+    assert calc.replayed_tree_tokens(ranks, (2, 1)) == (8, 3, 2)
     # K = 1: [0] + 1 (the rank-1 token is emitted as the fix: the target's own), [0] + 3, [0] + 0, and the last
-    assert calc.replayed_tree_tokens(ranks, (1,)) == (8, 5)
+    assert calc.replayed_tree_tokens(ranks, (1,)) == (8, 5, 3)
     # Over [1, 0, 0, 2, 0] the chain (1, 1) rejects the first token; the tree (3, 1) keeps it and the next
-    assert calc.replayed_tree_tokens([1, 0, 0, 2, 0], (1, 1)) == (5, 3)
-    assert calc.replayed_tree_tokens([1, 0, 0, 2, 0], (3, 1)) == (5, 2)
+    assert calc.replayed_tree_tokens([1, 0, 0, 2, 0], (1, 1)) == (5, 3, 1)
+    assert calc.replayed_tree_tokens([1, 0, 0, 2, 0], (3, 1)) == (5, 2, 1)
+    # the last token is always the round's own (fix or bonus): a round never reaches past it
+    assert calc.replayed_tree_tokens([0, 0, 0], (1, 1, 1, 1)) == (3, 1, 0)
 
 
 def test_tree_shapes_are_non_increasing_and_within_budget():
@@ -165,4 +177,8 @@ def test_the_replay_predicts_a_greedy_tree_runs_tokens_per_forward_exactly(tiny,
     plain = generate(tiny.target, NoDrafter(), prompt, 40, k=0).tokens
     run = generate(tiny.target, ModelDrafter(tiny.draft, shape), prompt, 40, k=len(shape))
     assert run.tokens == plain
-    assert calc.replayed_tree_tokens(ranks_of(tiny, prompt, plain), shape) == (40, len(run.rounds))
+    full = sum(r.accepted == len(shape) for r in run.rounds)
+    assert calc.replayed_tree_tokens(ranks_of(tiny, prompt, plain), shape) == (40, len(run.rounds), full)
+    # a full round makes the next round's first draft forward read two tokens (the catch-up), any other round one
+    assert all(b.forwards[0] == 1 + (a.accepted == len(shape)) for a, b in zip(run.rounds, run.rounds[1:])
+               if b.forwards) and full > 0

@@ -19,9 +19,11 @@ def simulate(policy, hazards, draft=(0.1, 0.0), verify=(1.0, 0.0), rounds=400, s
     with hazard hazards[r] (P(rank r | not below r); ranks past the list never match), a draft forward of w tokens
     takes (draft[0] + draft[1] w) target steps and a verify over n tokens (verify[0] + verify[1] (n - 1)), or
     verify(n + 1) steps for a function of the tokens verified. The rounds are built as the loop builds them (slots,
-    forwards, verified). Returns the choices."""
+    forwards, verified; after a round that accepted every depth the first draft forward reads two tokens, the
+    catch-up). Returns the choices."""
     gen = torch.Generator().manual_seed(seed)
     choices = []
+    catch_up = 0
     for _ in range(rounds):
         want = policy.next_k()
         shape = want if isinstance(want, tuple) else ()
@@ -36,7 +38,8 @@ def simulate(policy, hazards, draft=(0.1, 0.0), verify=(1.0, 0.0), rounds=400, s
                 break
         accepted = sum(1 for slot, offered in slots if slot < offered)
         nodes = tree.nodes_of(shape)
-        forwards = (1, *tree.widths(shape)[:-1]) if shape else ()
+        forwards = (1 + catch_up, *tree.widths(shape)[:-1]) if shape else ()
+        catch_up = int(accepted == len(shape)) if shape else catch_up + 1  # the draft's tokens not yet fed
         draft_s = sum(draft[0] + draft[1] * w for w in forwards) * STEP
         verify_s = (verify(nodes + 1) if callable(verify) else verify[0] + verify[1] * nodes) * STEP
         policy.observe(Round([0] * (accepted + 1), nodes, accepted, draft_s, verify_s, draft_s + verify_s,
@@ -65,8 +68,10 @@ def test_a_bushy_tree_when_second_choices_are_often_right_and_verifying_is_cheap
 def test_a_verify_curve_with_steps_is_learned_well_enough():
     """A GPU's verify curve is flat within a tile of 16 / 32 / 64 tokens and steps up between them (on an H100 at
     17 and 33 tokens), while the policy fits a line. In a world with such steps (+0.6 target steps past 16 tokens,
-    +0.4 more past 32) it still settles where the true costs say: within 3 % of the best shape's speed, where the
-    widest trees it may build (48 nodes) and the longest chain fall well short."""
+    +0.4 more past 32) it still settles among the shapes the true costs favour. Near the best, shapes differ by a
+    few per cent and its noisy estimates (32 rounds' memory) pick among them, so one seed says little: over 8 seeds
+    its last 200 rounds run at 0.86-1.00 of the best shape's speed (0.93 on average), where the best chain reaches
+    0.72 and the widest tree it may build (48 nodes) 0.58."""
     hazards, draft = [0.6, 0.6, 0.5, 0.4], (0.05, 0.004)
 
     def verify(n):
@@ -75,17 +80,21 @@ def test_a_verify_curve_with_steps_is_learned_well_enough():
     leave = SlotHazards(1, 0.0)
     leave.hazard = lambda d, r: hazards[r] if r < len(hazards) else 0.0
 
-    def speed(shape):  # true tokens per target step
+    def speed(shape):  # true tokens per target step, the catch-up after full rounds included
         forwards = (1, *tree.widths(shape)[:-1]) if shape else ()
+        full = calc.tree_reach_by_depth(shape, leave.leave)[-1] if shape else 0.0
         return calc.tree_tokens_by_depth(shape, leave.leave) / (sum(draft[0] + draft[1] * w for w in forwards)
-                                                                 + verify(tree.nodes_of(shape) + 1))
+                                                                 + full * draft[1] + verify(tree.nodes_of(shape) + 1))
 
     shapes = calc.tree_shapes(48, 8)
     best = max(speed(shape) for shape in shapes)
-    choices = simulate(TreePolicy(max_depth=8, max_nodes=48), hazards, draft, verify, rounds=600)
-    assert sum(speed(shape) for shape in choices[-200:]) / 200 >= 0.97 * best
-    widest = max(shapes, key=tree.nodes_of)
-    assert speed(widest) < 0.8 * best and speed((1,) * 8) < 0.9 * best
+    settled_speed = []
+    for seed in range(8):
+        choices = simulate(TreePolicy(max_depth=8, max_nodes=48), hazards, draft, verify, rounds=600, seed=seed)
+        settled_speed.append(sum(speed(shape) for shape in choices[-200:]) / 200 / best)
+    assert sum(settled_speed) / 8 >= 0.9 and min(settled_speed) >= 0.8
+    assert max(speed((1,) * k) for k in range(1, 9)) < 0.75 * best  # what those bounds tell it apart from
+    assert speed(max(shapes, key=tree.nodes_of)) < 0.6 * best
 
 
 def test_the_chain_when_branches_are_never_taken():
@@ -150,8 +159,8 @@ def test_the_whole_loop_with_the_tree_policy_writes_plain_greedy_text(tiny):
 
 def test_tree_sweep_records_what_the_policy_chose_and_what_it_cost(tmp_path, monkeypatch, capsys):
     """The H200's `auto:15` ran nearly plain (0.75 nodes a round, 1.00x) and its JSON could not say why: now each
-    prompt's row of a policy's run keeps every round (nodes, kept, draft / verify / total seconds, draft forwards)
-    and the policy's estimates at its end."""
+    prompt's row keeps every round (nodes, kept, draft / verify / total seconds, draft forwards, tokens verified),
+    and a policy's row its estimates at its end; the JSON keeps the host work the prediction counted."""
     import json
 
     from spec import tree_sweep
@@ -161,15 +170,18 @@ def test_tree_sweep_records_what_the_policy_chose_and_what_it_cost(tmp_path, mon
                      "--trees", "auto:4", "--max-nodes", "4", "--max-depth", "3", "--quiet"])
     rows = [json.loads(line) for line in next(tmp_path.glob("results/tree_sweep-*.jsonl")).read_text().splitlines()]
     auto = [r for r in rows if r.get("shape") == "auto:4"]
-    assert auto and all(len(r["round_detail"]) == r["rounds"] for r in auto)
-    for r in auto:  # [nodes, kept, draft s, verify s, total s, draft forwards]: a plain round drafts nothing
+    assert auto and len(rows) >= 3 and all(len(r["round_detail"]) == r["rounds"] for r in rows)
+    for r in rows:  # [nodes, kept, draft s, verify s, total s, draft forwards, verified]: a plain round drafts nothing
         assert sum(step[1] + 1 for step in r["round_detail"]) >= r["tokens"]  # kept drafts and a fix or bonus a round
         assert all(0 <= step[1] <= step[0] and bool(step[5]) == (step[0] > 0) for step in r["round_detail"])
+        assert all(step[6] == step[0] + 1 for step in r["round_detail"][1:])  # the nodes and the one true token
     snapshot = auto[0]["policy"]
     assert snapshot["choice"] is not None and snapshot["predicted"] > 0  # the estimates were formed and chose
     assert len(snapshot["chain_acceptance_by_depth"]) == 3 and all(0 <= a <= 1 for a in snapshot[
         "chain_acceptance_by_depth"]) and set(snapshot["draft_cost"]) >= {"1", "2"}
-    assert not any("round_detail" in r for r in rows if r.get("shape") != "auto:4")  # static shapes: no policy
+    assert not any("policy" in r for r in rows if r.get("shape") != "auto:4")  # static shapes: no policy
+    result = json.loads(next(tmp_path.glob("results/tree_sweep-*.json")).read_text())
+    assert result["host"]["rounds"] > 0 and result["host"]["shapes"] == ["1", "1,1,1", "2,1", "4"]
     out = capsys.readouterr().out  # fp32: every run plain greedy's text, and the table says how many parted at ties
     assert "near_ties" in out and "parted" not in out
     # bf16 on a GPU: runs may part at near-ties (said), and one that parts elsewhere is called a bug
