@@ -25,11 +25,13 @@ from kernel_mix import PRODUCTS, compile_product  # noqa: E402
 from spec.models import kernels  # noqa: E402
 from spec.models.quant import GROUP, PackedWeight  # noqa: E402
 
-# Tiles timed beside the ones the wrappers choose. A packed head in bf16's H200 tile (128 columns) issues 16.8
+# Tiles timed beside the ones the wrappers choose. A packed head in bf16's H200 tile (128 columns) issued 16.8
 # instructions a weight in its loop against 8.9 at 256 (kernel_mix.py); the H100 measured 102 us at (16, 256, 4)
-# against 174 at (16, 128, 4) (benchmarks/h100/session15/tune_kernels-1b-int4.json): PACKED_HEAD_COLUMNS.
-ALTERNATES = {("int4", "head"): [(16, 128, 4), (32, 256, 4)], ("int8", "head"): [(16, 128, 4)],
-              ("int4", "gate_up"): [(16, 512, 4)], ("int4", "down"): [(8, 2048, 4)]}
+# against 174 at (16, 128, 4) (benchmarks/h100/session15/tune_kernels-1b-int4.json): PACKED_HEAD_COLUMNS. int4's
+# word kernel (session 19) takes kernels.INT4_TILE: beside it, more rows a thread, and the tiles it had before.
+ALTERNATES = {("int4", "head"): [(32, 1024, 4), (16, 256, 4)], ("int8", "head"): [(16, 128, 4)],
+              ("int4", "gate_up"): [(32, 512, 4), (8, 512, 4)], ("int4", "down"): [(32, 1024, 4), (8, 4096, 8)],
+              ("int4", "o"): [(32, 1024, 4), (8, 2048, 8)]}
 
 
 def weight(scheme: str, rows: int, k: int, device) -> torch.Tensor | PackedWeight:

@@ -390,7 +390,7 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     depth. The tuned entry for this GPU, this token width and this format if there is one (`tuned_kind`); else a
     rule: the plain weights' entry for this width (or a default per kind: past 16 tokens the wide tile), whose
     one-token tile is widened for packed weights to the bf16 tile's bytes (`packed_columns`), but for the head, which
-    keeps bf16's tile at least PACKED_HEAD_COLUMNS wide."""
+    keeps bf16's tile at least PACKED_HEAD_COLUMNS wide; int4's one-token products but q/k/v take INT4_TILE."""
     table = _tuned(torch.cuda.get_device_name(device)) if device is not None and device.type == "cuda" else {}
     if _TRIAL:
         table = {**table, **_TRIAL}
@@ -410,6 +410,8 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
             raise ValueError(f"no tiles for a {kind!r} product")
     if tokens > 1:
         return config
+    if quant == "int4" and kind != "qkv":  # the int4 word kernel's own tile (INT4_TILE), not bf16's
+        return (INT4_TILE[0], min(INT4_TILE[1], max(256, _pow2(k))), INT4_TILE[2])
     if kind == "logits":  # a packed head: at least PACKED_HEAD_COLUMNS, else the bf16 tile
         return config if quant == "none" else (config[0], max(config[1], PACKED_HEAD_COLUMNS), *config[2:])
     return (config[0], packed_columns(config[1], k, KERNEL_FORMATS[quant]), *config[2:])
@@ -421,6 +423,14 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
 # against 8.9 at 256 (benchmarks/kernel_mix.py) and took 184 µs against 103 on an H100, the whole int4 step 0.840 ms
 # against 0.766 (benchmarks/h100/session18/). Not measured on an H200.
 PACKED_HEAD_COLUMNS = 256
+
+# The int4 one-token products (o, gate / up, down, the head; q / k / v keep their rule) read their codes as int32
+# words, one instruction a code to a float (triton_kernels.int4_word_sums); their inputs are loaded once for each
+# word column a thread holds and shared by the rows it holds, so the tile has to give a thread several rows: 16 rows
+# by 1024 columns (128 words) over 4 warps is 4 rows a thread, 4.2-4.8 of a thread's instructions a weight on
+# sm_90, where bf16's tiles widened to their bytes (8 rows, 512-4096 columns, one row a thread) take 6-10
+# (benchmarks/kernel_mix.py). Not yet measured on a GPU.
+INT4_TILE = (16, 1024, 4)
 
 
 def _launch(kernel, grid, config: tuple[int, ...], pdl: bool, *args, **constexprs) -> None:

@@ -1,6 +1,8 @@
 """The Triton kernels behind spec/kernels.py (imported on first use: Triton is there only with CUDA). What each
 computes, and why, is documented with its wrapper in spec/kernels.py."""
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -114,7 +116,7 @@ def attention_combine(o_ptr, m_ptr, l_ptr, out_ptr, rows_n, splits,
 # codes [N, K] with one scale per row (s_ptr [N]), applied to the row's sum (`row_scales`); 2, int4, two codes a
 # byte [N, K / 2], group by group (a group's first G / 2 inputs in the low nibbles of its G / 2 bytes, the rest in the
 # high ones), with a scale and an offset per group (s_ptr, z_ptr [N, K / G]): w = (q - 8) s + z. A one-token
-# product takes int4 tiles as [rows, groups, G / 2] bytes and sums each group before scaling it (`int4_sums`:
+# product reads int4 tiles as int32 words and sums each group before scaling it (`int4_word_sums`:
 # s sum((q - 8) x) + z sum(x)), so no scale is repeated per input; the 2-64-token one de-quantises a tile of whole
 # groups (each byte with its group's scale) into two tensor-core operands, the groups' first and second halves
 # (`int4_tile_dot`; a group at a time, 16-input products, took 10.6-12.0 ms for the 1B's 2-16-token forward on an
@@ -146,23 +148,6 @@ def weight_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K: tl.constexpr, QUA
 
 
 @triton.jit
-def x_halves(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
-    """One token's inputs k0..k0+BLOCK_K-1 as the first and second halves of their groups ([BLOCK_K / G, G / 2]
-    each, fp32, times RMSNorm's weight with NORM), and the running sum of their squares (same shape)."""
-    g = k0 // G + tl.arange(0, BLOCK_K // G)
-    j = tl.arange(0, G // 2)
-    at = g[:, None] * G + j[None, :]
-    ok = (g < K // G)[:, None] & (j >= 0)[None, :]
-    xl = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
-    xh = tl.load(x_ptr + at + G // 2, mask=ok, other=0.0).to(tl.float32)
-    if NORM:
-        sq += xl * xl + xh * xh
-        xl = xl * tl.load(nw_ptr + at, mask=ok, other=0.0).to(tl.float32)
-        xh = xh * tl.load(nw_ptr + at + G // 2, mask=ok, other=0.0).to(tl.float32)
-    return xl, xh, sq
-
-
-@triton.jit
 def exact_float(code, bias: tl.constexpr):
     """code - bias as fp32, for integer codes (int8, or uint8 below 256 - bias): the same value as
     code.to(tl.float32) - bias without the conversion instruction. Integer-to-float conversions run at a quarter of
@@ -189,11 +174,102 @@ def as_float(w):
         return w.to(tl.float32)
 
 
+# The one-token int4 product reads its codes as int32 words, eight codes a word: byte j of word i of a group (the
+# group's bytes 4i..4i+3) holds the code of input 4i + j in its low nibble and of input G / 2 + 4i + j in its high
+# one. Each code becomes a float in one instruction, where it lies (`nibble_float`): shifted by 0, 8 or 16 bits, or
+# back by 8, a byte's two nibbles sit at bits 16-19 and 20-23, and masked into the mantissa of 2^7 (0x43000000) they
+# are the floats 128 + q and 128 + 16 q, exactly. The low nibbles' inputs are taken as they are and the high ones'
+# divided by 16, so a group's sum over its words is sum(q x) + 128 sum(x_low) + 8 sum(x_high), and the inputs' own
+# sums take the constants back out once a tile for every row (`int4_inputs`, `int4_word_sums`). About 4.5 machine
+# instructions a weight where each byte in its own register took 8-9 (benchmarks/kernel_mix.py, in tiles where a
+# thread holds several rows, which share the inputs it loads; docs/quantization.md).
+_ASM = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")  # the interpreter runs no PTX
+
+
 @triton.jit
-def int4_sums(w, s, z, xl, xh):
-    """Each group's share of a one-token product, [rows, groups]: s sum((q - 8) x) + z sum(x) over its inputs."""
-    part = tl.sum(exact_float(w & 15, 8) * xl[None, :, :] + exact_float(w >> 4, 8) * xh[None, :, :], 2)
-    return s.to(tl.float32) * part + z.to(tl.float32) * tl.sum(xl + xh, 1)[None, :]
+def nibble_float(word, HIGH: tl.constexpr):
+    """Bits 16-19 (HIGH 0) or 20-23 (HIGH 1) of each int32 word as fp32 128 + q or 128 + 16 q: (word & mask) |
+    0x43000000, one LOP3 instruction on a GPU (left to itself ptxas spends two, one for each constant)."""
+    if _ASM:
+        if HIGH:
+            bits = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x00F00000, 0x43000000, 0xEA;", "=r,r", [word],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            bits = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x000F0000, 0x43000000, 0xEA;", "=r,r", [word],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        bits = (word & (0x00F00000 if HIGH else 0x000F0000)) | 0x43000000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def int4_words(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K: tl.constexpr, G: tl.constexpr):
+    """Rows `rows` x inputs k0..k0+BLOCK_K-1 of an int4 weight for one token: int32 words [rows, BLOCK_K / 8]
+    (the codes' bytes read four at a time), and the groups' scales and offsets [rows, BLOCK_K / G]."""
+    kw = tl.multiple_of(K // 8, 4)  # K is whole groups of 32: every row's words start 16-byte aligned
+    wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    w = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + rows[:, None] * kw + wi[None, :],
+                mask=rm[:, None] & (wi < kw)[None, :], other=0)
+    g = k0 // G + tl.arange(0, BLOCK_K // G)
+    at = rows[:, None] * (K // G) + g[None, :]
+    gm = rm[:, None] & (g < K // G)[None, :]
+    return w, tl.load(s_ptr + at, mask=gm, other=0.0), tl.load(z_ptr + at, mask=gm, other=0.0)
+
+
+@triton.jit
+def int4_input(x_ptr, nw_ptr, k0, K, J: tl.constexpr, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
+    """The input of code J (0-3: byte J's low nibble, 4-7: byte J - 4's high nibble) of each word of a tile, [BLOCK_K
+    / 8] fp32: as read (for the norm's sum of squares) and times RMSNorm's weight with NORM."""
+    wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    at = (wi // (G // 8)) * G + (wi % (G // 8)) * 4 + J % 4 + (J // 4) * (G // 2)
+    ok = wi < K // 8
+    x = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    xn = x
+    if NORM:
+        xn = x * tl.load(nw_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    return x, xn
+
+
+@triton.jit
+def int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
+    """One token's inputs for a tile of int4 words: each code's input (`int4_input`; the high nibbles' divided by
+    16), per group of the tile sum(x) and 136 sum(x_low) + 16 sum(x_high) (what the floats' 128 and 16, and the
+    codes' offset 8, add to a group's sum), and the running sum of squares ([BLOCK_K / 8])."""
+    r0, l0 = int4_input(x_ptr, nw_ptr, k0, K, 0, NORM, BLOCK_K, G)
+    r1, l1 = int4_input(x_ptr, nw_ptr, k0, K, 1, NORM, BLOCK_K, G)
+    r2, l2 = int4_input(x_ptr, nw_ptr, k0, K, 2, NORM, BLOCK_K, G)
+    r3, l3 = int4_input(x_ptr, nw_ptr, k0, K, 3, NORM, BLOCK_K, G)
+    r4, h0 = int4_input(x_ptr, nw_ptr, k0, K, 4, NORM, BLOCK_K, G)
+    r5, h1 = int4_input(x_ptr, nw_ptr, k0, K, 5, NORM, BLOCK_K, G)
+    r6, h2 = int4_input(x_ptr, nw_ptr, k0, K, 6, NORM, BLOCK_K, G)
+    r7, h3 = int4_input(x_ptr, nw_ptr, k0, K, 7, NORM, BLOCK_K, G)
+    if NORM:
+        sq += r0 * r0 + r1 * r1 + r2 * r2 + r3 * r3 + r4 * r4 + r5 * r5 + r6 * r6 + r7 * r7
+    low = l0 + l1 + l2 + l3
+    high = h0 + h1 + h2 + h3
+    groups: tl.constexpr = BLOCK_K // G
+    total = tl.sum(tl.reshape(low + high, (groups, G // 8)), 1)
+    offset = tl.sum(tl.reshape(136.0 * low + 16.0 * high, (groups, G // 8)), 1)
+    return l0, l1, l2, l3, h0 * 0.0625, h1 * 0.0625, h2 * 0.0625, h3 * 0.0625, total, offset, sq
+
+
+@triton.jit
+def int4_word_sums(w, s, z, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G: tl.constexpr):
+    """Each group's share of a one-token product, [rows, groups]: s sum((q - 8) x) + z sum(x), from the words'
+    sums of (128 + q) x_low and (128 + 16 q) x_high / 16 (one multiply-add a code) less the group's offset."""
+    a = nibble_float(w, 0) * l2[None, :]  # bits 16-23 as they are: byte 2
+    a = nibble_float(w, 1) * h2[None, :] + a
+    t = w << 8  # byte 1
+    a = nibble_float(t, 0) * l1[None, :] + a
+    a = nibble_float(t, 1) * h1[None, :] + a
+    t = w << 16  # byte 0
+    a = nibble_float(t, 0) * l0[None, :] + a
+    a = nibble_float(t, 1) * h0[None, :] + a
+    t = w >> 8  # byte 3
+    a = nibble_float(t, 0) * l3[None, :] + a
+    a = nibble_float(t, 1) * h3[None, :] + a
+    part = tl.sum(tl.reshape(a, (w.shape[0], w.shape[1] // (G // 8), G // 8)), 2)
+    return s.to(tl.float32) * (part - offset[None, :]) + z.to(tl.float32) * total[None, :]
 
 
 @triton.jit
@@ -216,10 +292,10 @@ def int4_tile_dot(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, xl, xh, acc, BN: tl.cons
 @triton.jit
 def accumulators(ROWS: tl.constexpr, BLOCK_K: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
     """A one-token product's two running sums (fp32, a column each, or for int4 a group each) and its inputs'
-    running sum of squares (a column each, or [groups, G / 2] as `x_halves` loads them)."""
+    running sum of squares (a column each, or for int4 a word each, as `int4_inputs` loads them)."""
     if QUANT == 2:
         acc = tl.zeros([ROWS, BLOCK_K // G], tl.float32)
-        sq = tl.zeros([BLOCK_K // G, G // 2], tl.float32)
+        sq = tl.zeros([BLOCK_K // 8], tl.float32)
     else:
         acc = tl.zeros([ROWS, BLOCK_K], tl.float32)
         sq = tl.zeros([BLOCK_K], tl.float32)
@@ -236,12 +312,22 @@ def row_scales(s_ptr, rows, rm, QUANT: tl.constexpr):
 def first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, N, EPILOGUE: tl.constexpr, BLOCK_K: tl.constexpr,
                 QUANT: tl.constexpr, G: tl.constexpr):
     """A product's first weight tile (inputs k0..), and for SILU_MUL the up projection's (rows N.. of the weight),
-    each with its scales and offsets: loaded before the wait for the previous kernel."""
-    w, ws, wz = weight_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K, QUANT, G)
+    each with its scales and offsets: loaded before the wait for the previous kernel. int4 as one token reads it."""
+    w, ws, wz = one_token_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K, QUANT, G)
     u, us, uz = w, ws, wz
     if EPILOGUE == 1:
-        u, us, uz = weight_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, k0, K, BLOCK_K, QUANT, G)
+        u, us, uz = one_token_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, k0, K, BLOCK_K, QUANT, G)
     return w, ws, wz, u, us, uz
+
+
+@triton.jit
+def one_token_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K: tl.constexpr, QUANT: tl.constexpr,
+                   G: tl.constexpr):
+    """A one-token product's weight tile: int4 as words (`int4_words`), the rest as stored (`weight_tile`)."""
+    if QUANT == 2:
+        return int4_words(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K, G)
+    else:
+        return weight_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K, QUANT, G)
 
 
 @triton.jit
@@ -287,8 +373,8 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
     rows_b = rows_a + D // 2  # their rotary partners
     every = j >= 0
     ks = tl.arange(0, BLOCK_K)
-    wa, sa_, za = weight_tile(w_ptr, s_ptr, z_ptr, rows_a, every, 0, K, BLOCK_K, QUANT, G)
-    wb, sb_, zb = weight_tile(w_ptr, s_ptr, z_ptr, rows_b, every, 0, K, BLOCK_K, QUANT, G)
+    wa, sa_, za = one_token_tile(w_ptr, s_ptr, z_ptr, rows_a, every, 0, K, BLOCK_K, QUANT, G)
+    wb, sb_, zb = one_token_tile(w_ptr, s_ptr, z_ptr, rows_b, every, 0, K, BLOCK_K, QUANT, G)
     ra = row_scales(s_ptr, rows_a, every, QUANT)
     rb = row_scales(s_ptr, rows_b, every, QUANT)
     # The position, rotary tables and biases are written before the step starts: load them early too.
@@ -306,14 +392,14 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
         tl.extra.cuda.gdc_wait()
     acc_a, acc_b, sq = accumulators(BH, BLOCK_K, QUANT, G)
     for k0 in range(0, K, BLOCK_K):
-        wa_next, sa_next, za_next = weight_tile(w_ptr, s_ptr, z_ptr, rows_a, every, k0 + BLOCK_K, K, BLOCK_K, QUANT,
-                                                G)
-        wb_next, sb_next, zb_next = weight_tile(w_ptr, s_ptr, z_ptr, rows_b, every, k0 + BLOCK_K, K, BLOCK_K, QUANT,
-                                                G)
+        wa_next, sa_next, za_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows_a, every, k0 + BLOCK_K, K, BLOCK_K,
+                                                   QUANT, G)
+        wb_next, sb_next, zb_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows_b, every, k0 + BLOCK_K, K, BLOCK_K,
+                                                   QUANT, G)
         if QUANT == 2:
-            xl, xh, sq = x_halves(h_ptr, nw_ptr, k0, K, sq, True, BLOCK_K, G)
-            acc_a += int4_sums(wa, sa_, za, xl, xh)
-            acc_b += int4_sums(wb, sb_, zb, xl, xh)
+            l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_inputs(h_ptr, nw_ptr, k0, K, sq, True, BLOCK_K, G)
+            acc_a += int4_word_sums(wa, sa_, za, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
+            acc_b += int4_word_sums(wb, sb_, zb, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
         else:
             km = k0 + ks < K
             x = tl.load(h_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
@@ -323,8 +409,6 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
             acc_b += as_float(wb) * x[None, :]
         wa, sa_, za = wa_next, sa_next, za_next
         wb, sb_, zb = wb_next, sb_next, zb_next
-    if QUANT == 2:
-        sq = tl.sum(sq, 1)
     r = tl.rsqrt(tl.sum(sq, 0) / K + eps)  # RMSNorm's scale, applied after the sum
     ya = tl.sum(acc_a, 1) * ra * r
     yb = tl.sum(acc_b, 1) * rb * r
@@ -361,16 +445,16 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
         tl.extra.cuda.gdc_wait()
     acc, acc_up, sq = accumulators(BN, BLOCK_K, QUANT, G)
     for k0 in range(0, K, BLOCK_K):
-        w_next, ws_next, wz_next = weight_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0 + BLOCK_K, K, BLOCK_K, QUANT, G)
+        w_next, ws_next, wz_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0 + BLOCK_K, K, BLOCK_K, QUANT, G)
         u_next, us_next, uz_next = w_next, ws_next, wz_next
         if EPILOGUE == 1:
-            u_next, us_next, uz_next = weight_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, k0 + BLOCK_K, K, BLOCK_K,
-                                                   QUANT, G)
+            u_next, us_next, uz_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, k0 + BLOCK_K, K, BLOCK_K,
+                                                      QUANT, G)
         if QUANT == 2:
-            xl, xh, sq = x_halves(x_ptr, nw_ptr, k0, K, sq, NORM, BLOCK_K, G)
-            acc += int4_sums(w, ws, wz, xl, xh)
+            l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM, BLOCK_K, G)
+            acc += int4_word_sums(w, ws, wz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
             if EPILOGUE == 1:
-                acc_up += int4_sums(u, us, uz, xl, xh)
+                acc_up += int4_word_sums(u, us, uz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
         else:
             km = k0 + ks < K
             x = tl.load(x_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
@@ -382,8 +466,6 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
                 acc_up += as_float(u) * x[None, :]
         w, ws, wz = w_next, ws_next, wz_next
         u, us, uz = u_next, us_next, uz_next
-    if QUANT == 2:
-        sq = tl.sum(sq, 1)
     y = tl.sum(acc, 1) * rw
     up = tl.sum(acc_up, 1) * ru
     if NORM:  # RMSNorm's scale, applied after the sum
