@@ -176,11 +176,13 @@ def as_float(w):
 
 # The one-token int4 product reads its codes as int32 words, eight codes a word: byte j of word i of a group (the
 # group's bytes 4i..4i+3) holds the code of input 4i + j in its low nibble and of input G / 2 + 4i + j in its high
-# one. Each code becomes a float in one instruction, where it lies (`nibble_float`): shifted by 0, 8 or 16 bits, or
-# back by 8, a byte's two nibbles sit at bits 16-19 and 20-23, and masked into the mantissa of 2^7 (0x43000000) they
-# are the floats 128 + q and 128 + 16 q, exactly. The low nibbles' inputs are taken as they are and the high ones'
-# divided by 16, so a group's sum over its words is sum(q x) + 128 sum(x_low) + 8 sum(x_high), and the inputs' own
-# sums take the constants back out once a tile for every row (`int4_inputs`, `int4_word_sums`). About 4.5 machine
+# one. Each code becomes a float in one instruction, where it lies (`nibble_float`): each byte shifted to bits 15-22
+# (one shift), its two nibbles at bits 15-18 and 19-22, masked into the mantissa of 2^8 (0x43800000, whose mantissa
+# is bits 0-22; bit 15 is worth 1) are the floats 256 + q and 256 + 16 q, exactly. The low nibbles' inputs are taken
+# as they are and the high ones' divided by 16, so a group's sum over its words is sum(q x) + 256 sum(x_low) +
+# 16 sum(x_high), and the inputs' own sums take the constants back out once a tile for every row (`int4_inputs`,
+# `int4_word_sums`); the cancellation costs fp32 about 5 of its 24 bits (256 against codes of 7.5 on average), a
+# draft's products nothing it can notice (any draft keeps the answer exact; acceptance may move). About 4.5 machine
 # instructions a weight where each byte in its own register took 8-9 (benchmarks/kernel_mix.py, in tiles where a
 # thread holds several rows, which share the inputs it loads; docs/quantization.md).
 _ASM = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")  # the interpreter runs no PTX
@@ -188,17 +190,17 @@ _ASM = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")  # the inter
 
 @triton.jit
 def nibble_float(word, HIGH: tl.constexpr):
-    """Bits 16-19 (HIGH 0) or 20-23 (HIGH 1) of each int32 word as fp32 128 + q or 128 + 16 q: (word & mask) |
-    0x43000000, one LOP3 instruction on a GPU (left to itself ptxas spends two, one for each constant)."""
+    """Bits 15-18 (HIGH 0) or 19-22 (HIGH 1) of each int32 word as fp32 256 + q or 256 + 16 q: (word & mask) |
+    0x43800000, one LOP3 instruction on a GPU (left to itself ptxas spends two, one for each constant)."""
     if _ASM:
         if HIGH:
-            bits = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x00F00000, 0x43000000, 0xEA;", "=r,r", [word],
+            bits = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x00780000, 0x43800000, 0xEA;", "=r,r", [word],
                                              dtype=tl.int32, is_pure=True, pack=1)
         else:
-            bits = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x000F0000, 0x43000000, 0xEA;", "=r,r", [word],
+            bits = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x00078000, 0x43800000, 0xEA;", "=r,r", [word],
                                              dtype=tl.int32, is_pure=True, pack=1)
     else:
-        bits = (word & (0x00F00000 if HIGH else 0x000F0000)) | 0x43000000
+        bits = (word & (0x00780000 if HIGH else 0x00078000)) | 0x43800000
     return bits.to(tl.float32, bitcast=True)
 
 
@@ -233,7 +235,7 @@ def int4_input(x_ptr, nw_ptr, k0, K, J: tl.constexpr, NORM: tl.constexpr, BLOCK_
 @triton.jit
 def int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
     """One token's inputs for a tile of int4 words: each code's input (`int4_input`; the high nibbles' divided by
-    16), per group of the tile sum(x) and 136 sum(x_low) + 16 sum(x_high) (what the floats' 128 and 16, and the
+    16), per group of the tile sum(x) and 264 sum(x_low) + 24 sum(x_high) (what the floats' 256 and 16, and the
     codes' offset 8, add to a group's sum), and the running sum of squares ([BLOCK_K / 8])."""
     r0, l0 = int4_input(x_ptr, nw_ptr, k0, K, 0, NORM, BLOCK_K, G)
     r1, l1 = int4_input(x_ptr, nw_ptr, k0, K, 1, NORM, BLOCK_K, G)
@@ -249,23 +251,24 @@ def int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.conste
     high = h0 + h1 + h2 + h3
     groups: tl.constexpr = BLOCK_K // G
     total = tl.sum(tl.reshape(low + high, (groups, G // 8)), 1)
-    offset = tl.sum(tl.reshape(136.0 * low + 16.0 * high, (groups, G // 8)), 1)
+    offset = tl.sum(tl.reshape(264.0 * low + 24.0 * high, (groups, G // 8)), 1)
     return l0, l1, l2, l3, h0 * 0.0625, h1 * 0.0625, h2 * 0.0625, h3 * 0.0625, total, offset, sq
 
 
 @triton.jit
 def int4_word_sums(w, s, z, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G: tl.constexpr):
     """Each group's share of a one-token product, [rows, groups]: s sum((q - 8) x) + z sum(x), from the words'
-    sums of (128 + q) x_low and (128 + 16 q) x_high / 16 (one multiply-add a code) less the group's offset."""
-    a = nibble_float(w, 0) * l2[None, :]  # bits 16-23 as they are: byte 2
-    a = nibble_float(w, 1) * h2[None, :] + a
-    t = w << 8  # byte 1
+    sums of (256 + q) x_low and (256 + 16 q) x_high / 16 (one multiply-add a code) less the group's offset."""
+    t = w << 15  # byte 0 to bits 15-22
+    a = nibble_float(t, 0) * l0[None, :]
+    a = nibble_float(t, 1) * h0[None, :] + a
+    t = w << 7  # byte 1
     a = nibble_float(t, 0) * l1[None, :] + a
     a = nibble_float(t, 1) * h1[None, :] + a
-    t = w << 16  # byte 0
-    a = nibble_float(t, 0) * l0[None, :] + a
-    a = nibble_float(t, 1) * h0[None, :] + a
-    t = w >> 8  # byte 3
+    t = w >> 1  # byte 2
+    a = nibble_float(t, 0) * l2[None, :] + a
+    a = nibble_float(t, 1) * h2[None, :] + a
+    t = w >> 9  # byte 3
     a = nibble_float(t, 0) * l3[None, :] + a
     a = nibble_float(t, 1) * h3[None, :] + a
     part = tl.sum(tl.reshape(a, (w.shape[0], w.shape[1] // (G // 8), G // 8)), 2)

@@ -6,7 +6,7 @@ source "$(dirname "$0")/env.sh"
 rm -rf results; mkdir -p results
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $GPU"
 PT="python3 -m pytest -q -p no:cacheprovider -rfE --tb=short"
-timeout -s INT 200 $PT tests/test_kernels.py -k "quantized or fused_step or bitwise_stable" > $OUT/tests.log 2>&1
+timeout -s INT 150 $PT tests/test_kernels.py -k "quantized_fused_step_matches and int4" > $OUT/tests.log 2>&1
 echo "tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed|^E " $OUT/tests.log | tail -8
 B="python3 -m spec.bench_engine --pair llama-random --device cuda --backends graph --draft-quants int8,int4 \
   --ns 1,2,5,8,16 --tree-nodes 16,32,64 --parts speed --no-hf"
@@ -18,3 +18,6 @@ for v in words bytes; do
   mkdir -p r_$v; mv results/* r_$v/; tar czf $OUT/s19_bench_$v.tgz r_$v
 done
 cp /tmp/triton_kernels.py /tmp/kernels.py spec/models/
+# the 1B's int4 products alone, the word kernel in its tile and the alternates (packed_gemv.py)
+timeout 90 python3 benchmarks/h200/packed_gemv.py --no-count --schemes int4 --json $OUT/packed_gemv_words.json \
+  > $OUT/packed_gemv_words.log 2>&1; echo "packed_gemv rc=$?"; cut -c1-130 $OUT/packed_gemv_words.log | tail -12
