@@ -457,7 +457,7 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
         kernels.gemv_config("ad", 4096, 4096, tokens=40)
     # packed weights' one-token tiles: the bf16 tile's bytes (int8 twice its columns), but not the head's, which keeps
     # bf16's tile at least PACKED_HEAD_COLUMNS wide (the H200's bf16 head tile is 128 columns); int4's, but q/k/v's,
-    # the word kernel's own tile, at most the inputs' width (a power of two, at least 256)
+    # gate/up and the head the word kernel's own tile, at most the inputs' width (a power of two, at least 256)
     assert kernels.gemv_config("add", 4096, 4096, quant="int8") == (8, 1024, 8)
     assert kernels.gemv_config("logits", 128256, 2048, quant="int8") == kernels.gemv_config("logits", 128256, 2048)
     with kernels.trying({**kernels.TUNED["NVIDIA H200"], ("logits", 151936, 896): (32, 512, 4)}):
@@ -465,10 +465,11 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
         for quant in ("int8", "fp8"):
             assert kernels.gemv_config("logits", 128256, 2048, quant=quant) == (16, 256, 4)
         assert kernels.gemv_config("logits", 151936, 896, quant="int8") == (32, 512, 4)  # wide enough already
-        for kind, n, k in (("logits", 128256, 2048), ("add", 2048, 8192), ("silu_mul", 8192, 2048)):
+        for kind, n, k in (("logits", 128256, 2048), ("silu_mul", 8192, 2048)):
             assert kernels.gemv_config(kind, n, k, quant="int4") == kernels.INT4_TILE
-        assert kernels.gemv_config("add", 896, 896, quant="int4") == (16, 1024, 4)  # Qwen 0.5B: 896 inputs
-        assert kernels.gemv_config("add", 64, 128, quant="int4") == (16, 256, 4)
+        assert kernels.gemv_config("silu_mul", 4864, 896, quant="int4") == (16, 1024, 4)  # Qwen 0.5B: 896 inputs
+        assert kernels.gemv_config("logits", 300, 128, quant="int4") == (16, 256, 4)
+        assert kernels.gemv_config("add", 2048, 8192, quant="int4") == (8, 4096, 8)  # o, down: bf16's bytes
         assert kernels.gemv_config("qkv", 32, 2048, quant="int4") == (2, 2048, 4)  # q/k/v: the bf16 tile's bytes
         # 2-16 tokens: a packed head keeps the plain width's tiles
         assert kernels.gemv_config("logits", 128256, 4096, tokens=9, quant="int4") == \

@@ -390,7 +390,7 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     depth. The tuned entry for this GPU, this token width and this format if there is one (`tuned_kind`); else a
     rule: the plain weights' entry for this width (or a default per kind: past 16 tokens the wide tile), whose
     one-token tile is widened for packed weights to the bf16 tile's bytes (`packed_columns`), but for the head, which
-    keeps bf16's tile at least PACKED_HEAD_COLUMNS wide; int4's one-token products but q/k/v take INT4_TILE."""
+    keeps bf16's tile at least PACKED_HEAD_COLUMNS wide; int4's one-token gate/up and head take INT4_TILE."""
     table = _tuned(torch.cuda.get_device_name(device)) if device is not None and device.type == "cuda" else {}
     if _TRIAL:
         table = {**table, **_TRIAL}
@@ -410,7 +410,7 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
             raise ValueError(f"no tiles for a {kind!r} product")
     if tokens > 1:
         return config
-    if quant == "int4" and kind != "qkv":  # the int4 word kernel's own tile (INT4_TILE), not bf16's
+    if quant == "int4" and kind in ("silu_mul", "logits"):  # the int4 word kernel's own tile (INT4_TILE)
         return (INT4_TILE[0], min(INT4_TILE[1], max(256, _pow2(k))), INT4_TILE[2])
     if kind == "logits":  # a packed head: at least PACKED_HEAD_COLUMNS, else the bf16 tile
         return config if quant == "none" else (config[0], max(config[1], PACKED_HEAD_COLUMNS), *config[2:])
@@ -424,12 +424,15 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
 # against 0.766 (benchmarks/h100/session18/). Not measured on an H200.
 PACKED_HEAD_COLUMNS = 256
 
-# The int4 one-token products (o, gate / up, down, the head; q / k / v keep their rule) read their codes as int32
-# words, one instruction a code to a float (triton_kernels.int4_word_sums); their inputs are loaded once for each
-# word column a thread holds and shared by the rows it holds, so the tile has to give a thread several rows: 16 rows
-# by 1024 columns (128 words) over 4 warps is 4 rows a thread, 4.2-4.8 of a thread's instructions a weight on
-# sm_90, where bf16's tiles widened to their bytes (8 rows, 512-4096 columns, one row a thread) take 6-10
-# (benchmarks/kernel_mix.py). Not yet measured on a GPU.
+# The int4 one-token products read their codes as int32 words, one instruction a code to a float
+# (triton_kernels.int4_word_sums); their inputs are loaded once for each word column a thread holds and shared by
+# the rows it holds, so a tile that gives a thread several rows issues fewer instructions a weight: 16 rows by 1024
+# columns (128 words) over 4 warps is 4 rows a thread, 4.0-4.9 of a thread's instructions a weight on sm_90, where
+# bf16's tiles widened to their bytes (8 rows, 512-4096 columns, one row a thread) take 6-10
+# (benchmarks/kernel_mix.py). Fewer instructions paid where the product is big enough to stream at the memory's
+# rate: on an H100 (session 19, benchmarks/h100/session19/) the 1B's head took 72 us in this tile against 103 for
+# the byte kernel in its best, gate/up 14.0 against 14.4; o and down, 2048 rows, are latency-bound and took 4.9 and
+# 12.3 us here against 4.6 and 9.1 in bf16's tile widened, which they keep.
 INT4_TILE = (16, 1024, 4)
 
 
