@@ -21,7 +21,7 @@ from spec.io import Results, table
 from spec.loop import KPolicy, Result, generate
 from spec.models import Model, Pair, chat_ids, sync_time
 from spec.policy import TreePolicy
-from spec.tree import Dynamic, layout, most_nodes
+from spec.tree import Dynamic, chain, layout, most_nodes
 from spec.warps import Sampling
 
 
@@ -58,14 +58,19 @@ def copy_bandwidth(device: torch.device, megabytes: int = 1024, reps: int = 1, t
     return 2 * src.numel() / best
 
 
-def forward_times(model: Model, context: list[int], new: list[int], trials: int, warmup: int = 1) -> list[float]:
-    """Seconds per forward of `new` on top of the cached `context`, rolled back after each trial."""
+def forward_times(model: Model, context: list[int], new: list[int], trials: int, warmup: int = 1,
+                  as_tree: bool = False) -> list[float]:
+    """Seconds per forward of `new` on top of the cached `context`, rolled back after each trial. `as_tree`: read
+    as a token tree's verify reads its nodes (a chain-shaped tree mask), the way a tree round's target forward runs
+    (the graph backend sends a plain forward of more than 16 tokens through the layer stack, a tree's through its
+    fused kernels)."""
     model.reset()
     model.forward(context, keep=1)
+    mask = layout(chain(len(new)), 0, len(new), len(context), model.device) if as_tree else None
     times = []
     for i in range(warmup + trials):
         start = sync_time(model.device)
-        model.forward(new)
+        model.forward(new, tree=mask)
         elapsed = sync_time(model.device) - start
         model.rollback(len(context))
         if i >= warmup:

@@ -7,11 +7,11 @@ How the prediction is made (spec/calc.py): one plain greedy run per prompt gives
 over that text gives, at every position, the rank of the target's token among the draft's choices. Under greedy
 decoding a tree of top-b children accepts depth d exactly when that rank is below b_d, so replaying the ranks gives
 each shape's tokens per target forward without running it. Timed forwards of the draft (over 1..8 tokens) and of
-the target (over 1..nodes+1 tokens) give each shape's round cost, in target steps, with the draft's catch-up after
-rounds that accept every depth (its first forward then reads two tokens). The loop's own work between forwards
-(the rule, the trees' masks, the drafter's choices, each a few tens of microseconds a node on a GPU) is timed too:
-short runs of a few shapes on the first prompt fit it as a round's, a draft forward's and an expanded node's share,
-and plain decoding's seconds a token give the baseline's. Then the chain at K = 4, the best
+the target (over 1..nodes+1 tokens, as a tree's verify reads them) give each shape's round cost, in target steps,
+with the draft's catch-up after rounds that accept every depth (its first forward then reads two tokens). What a
+round takes beyond those forwards (the rule, the trees' masks, the drafter's choices; less what back-to-back
+forwards save) is fitted to short runs of a few shapes on the first prompt (`calibrate`), and plain decoding's
+seconds a token are the baseline. Then the chain at K = 4, the best
 chain, the best tree by predicted speed and the tree with the most tokens per forward (within --max-nodes) run
 for real through the loop: tokens per target forward, decode speed against plain decoding, and identity. So do a
 dynamic tree of --max-nodes nodes (EAGLE-2's, at most --max-depth deep) and the tree policy (`--tree auto`: one
@@ -40,9 +40,9 @@ from spec.tree import Auto, Dynamic, describe, most_nodes, nodes_of, parse_tree,
 
 
 def calibration_shapes(max_nodes: int, max_depth: int) -> list[tuple[int, ...]]:
-    """Shapes whose short runs calibrate the loop's host work (`calibrate`): chains and trees of 1-4 draft forwards
-    and 1-7 nodes expanded, so that the two are told apart, within the sweep's limits (smaller ones where those
-    leave fewer than four)."""
+    """Shapes whose short runs calibrate what a round takes beyond its forwards (`calibrate`): chains, and trees
+    with 1-3 draft forwards under a tree mask, so that a tree round's cost and a masked forward's are told apart,
+    within the sweep's limits (smaller ones where those leave fewer than four)."""
     fits = [s for s in ((1,), (1, 1, 1, 1), (2, 2), (2, 1, 1, 1), (4, 2))
             if nodes_of(s) <= max_nodes and len(s) <= max_depth]
     if len(fits) < 4:
@@ -64,8 +64,8 @@ def costs(pair, context: list[int], max_width: int, max_tokens: int, trials: int
     """(draft forward of w tokens, target forward of n tokens), both in target steps, and the step in seconds."""
     with log.bar(total=max_width + max_tokens, desc="timing forwards") as bar:
         target = {}
-        for n in range(1, max_tokens + 1):
-            target[n] = statistics.median(forward_times(pair.target, context, context[-n:], trials))
+        for n in range(1, max_tokens + 1):  # as a tree's verify reads them (past 16 tokens only a tree's is fused)
+            target[n] = statistics.median(forward_times(pair.target, context, context[-n:], trials, as_tree=n > 1))
             bar.update()
         draft = {}
         for w in range(1, max_width + 1):
@@ -77,21 +77,24 @@ def costs(pair, context: list[int], max_width: int, max_tokens: int, trials: int
     return {w: s / step for w, s in draft.items()}, {n: s / step for n, s in target.items()}, step
 
 
-def expansions(shape) -> int:
-    """Nodes a round of `shape` expands (chooses children for): the root and every node of a depth but the last."""
-    return 1 + sum(widths(shape)[:-1])
+def host_terms(shape) -> tuple[int, int]:
+    """(draft forwards under a tree mask, 1 for a tree's verify) of a round of a static shape: a tree (branching at
+    its root: shapes never widen) feeds every depth after the first under a tree mask, a chain none."""
+    tree_round = int(nodes_of(shape) > len(shape))
+    return tree_round * (len(shape) - 1), tree_round
 
 
-def host_seconds(host: dict, forwards: int, expanded: int) -> float:
-    """A round's time outside its forwards, from the fit `calibrate` makes (seconds)."""
-    return host["round_s"] + host["forward_s"] * forwards + host["node_s"] * expanded
+def host_seconds(host: dict, shape) -> float:
+    """A round's time outside its timed forwards, from the fit `calibrate` makes (seconds)."""
+    masked, tree_round = host_terms(shape)
+    return host["round_s"] + host["masked_forward_s"] * masked + host["tree_s"] * tree_round
 
 
 def predict(shapes, texts: list[list[int]], draft_cost: dict, verify: dict, step: float, host: dict) -> list[dict]:
     """Each shape's replayed tokens per target forward, its round cost and predicted decode speedup over plain
     decoding: tokens a round x plain decoding's seconds a token / the round's seconds, where a round costs its
-    forwards (`calc.tree_round_cost`, the catch-up after full rounds included) and its host work (`calibrate`), and
-    a plain token its forward and host work (`host["plain_s"]`). `forwards_only_speedup` is the calculator's
+    forwards (`calc.tree_round_cost`, the catch-up after full rounds included) and the rest of its time
+    (`calibrate`), and a plain token what plain decoding measured. `forwards_only_speedup` is the calculator's
     speedup from the forwards alone (tokens a round / their cost in target steps)."""
     out = []
     for shape in shapes:
@@ -102,36 +105,43 @@ def predict(shapes, texts: list[list[int]], draft_cost: dict, verify: dict, step
         per_round = tokens / rounds
         bare = calc.tree_round_cost(shape, draft_cost, verify)
         cost = calc.tree_round_cost(shape, draft_cost, verify, full=full / rounds)
-        round_s = cost * step + host_seconds(host, len(shape), expansions(shape))
+        round_s = cost * step + host_seconds(host, shape)
         out.append({"shape": ",".join(map(str, shape)), "depth": len(shape), "nodes": nodes_of(shape),
                     "chain": set(shape) == {1}, "tokens_per_forward": per_round, "full_rounds": full / rounds,
                     "cost_steps": cost, "host_steps": round_s / step - cost,
                     "forwards_only_speedup": per_round / bare,
-                    "predicted_speedup": per_round * (step + host["plain_s"]) / round_s})
+                    "predicted_speedup": per_round * host["plain_token_s"] / round_s})
     return out
 
 
 def calibrate(pair, ids: list[int], n: int, shapes, draft_cost: dict, verify: dict, step: float,
               plain_token_s: float) -> dict:
-    """The loop's time outside the forwards, in seconds: a plain token's (`plain_s`: plain decoding's seconds a
-    token, less a timed target step), and a speculative round's, fitted by least squares as
-    round_s + forward_s x (draft forwards) + node_s x (nodes expanded) to short runs of `shapes` on one prompt (each
-    round's time less the timed forwards it made: the draft's, the catch-up's width included, and the target's
-    over the tokens it verified). The first two rounds of each run are left out. All of them at least 0: on a CPU
-    the host's share is lost in the forwards' noise (a fit gave -0.03 target steps), on a GPU it is not."""
-    rows, seconds = [], []
+    """A round's time outside its timed forwards, in seconds, fitted to short runs of `shapes` on one prompt: each
+    round's time less the forwards it made, timed alone (the draft's, the catch-up's width included, and the
+    target's over the tokens it verified), as round_s + masked_forward_s x (draft forwards under a tree mask) +
+    tree_s (a tree round: its verify's mask and rule). round_s is what every round pays beyond its forwards, less
+    what its back-to-back forwards save against forwards timed one by one (negative on a GPU, where a chain's
+    draft forwards overlap their launches); the tree terms are at least 0. Measured on an H100, real pair, int8
+    draft (session 19): chains -0.1 target steps a round, a `2,2` tree +0.5, per draft forward of a deep tree
+    +0.15. The first two rounds of each run are left out; the rounds used are kept for reports."""
+    rows, seconds, kept = [], [], []
     for shape in shapes:
         k, tree = loop_setting(shape, len(shape))
         for r in run_loop(pair, "draft", k, ids, n, tree=tree).rounds[2:]:
-            if not r.forwards or max(r.forwards) not in draft_cost:
+            if not r.forwards or max(r.forwards) not in draft_cost or r.verified not in verify:
                 continue
-            forwards = sum(draft_cost[w] for w in r.forwards) + verify[r.verified]
-            rows.append([1.0, len(r.forwards), 1 + sum(r.forwards[1:])])  # the root and the nodes fed
-            seconds.append(r.total_s - forwards * step)
-    # non-negative: host work takes time; where it is lost in the forwards' noise (a CPU's) the fit gives 0
-    coef = scipy.optimize.nnls(numpy.array(rows), numpy.array(seconds))[0] if rows else [0.0] * 3
-    return {"plain_s": max(0.0, plain_token_s - step), "round_s": float(coef[0]), "forward_s": float(coef[1]),
-            "node_s": float(coef[2]), "rounds": len(rows), "shapes": [",".join(map(str, s)) for s in shapes]}
+            tree_round = int(r.drafted > len(r.forwards))
+            rows.append([1.0, tree_round * (len(r.forwards) - 1), tree_round])
+            seconds.append(r.total_s - (sum(draft_cost[w] for w in r.forwards) + verify[r.verified]) * step)
+            kept.append([",".join(map(str, shape)), list(r.forwards), r.verified, r.total_s])
+    if len(rows) >= 3:
+        bounds = ([-numpy.inf, 0.0, 0.0], [numpy.inf, numpy.inf, numpy.inf])
+        coef = scipy.optimize.lsq_linear(numpy.array(rows), numpy.array(seconds), bounds=bounds).x
+    else:
+        coef = [0.0, 0.0, 0.0]
+    return {"plain_token_s": plain_token_s, "plain_s": plain_token_s - step, "round_s": float(coef[0]),
+            "masked_forward_s": float(coef[1]), "tree_s": float(coef[2]), "rounds": len(rows),
+            "shapes": [",".join(map(str, s)) for s in shapes], "round_detail": kept}
 
 
 def loop_setting(setting, max_depth: int) -> tuple:
@@ -277,9 +287,10 @@ def main(argv=None) -> dict:
           f"target step {step * 1e3:.1f} ms; draft forward of 1/2/4 tokens = "
           + "/".join(f"{draft_cost[w]:.3f}" for w in (1, 2, 4) if w in draft_cost) + " target steps; the draft's "
           "rank of the target's token: " + ", ".join(f"r{i} {p:.2f}" for i, p in enumerate(rank_probs))
-          + f"; host work (target steps): a plain token {host['plain_s'] / step:.3f}, a round "
-          f"{host['round_s'] / step:.3f} + {host['forward_s'] / step:.3f} a draft forward + {host['node_s'] / step:.3f}"
-          f" a node expanded (fitted to {host['rounds']} rounds of {' / '.join(host['shapes'])})")
+          + f"; beyond the timed forwards (target steps): a plain token {host['plain_s'] / step:+.3f}, a round "
+          f"{host['round_s'] / step:+.3f}, a tree round {host['tree_s'] / step:+.3f} more and "
+          f"{host['masked_forward_s'] / step:+.3f} a draft forward under its mask (fitted to {host['rounds']} rounds "
+          f"of {' / '.join(host['shapes'])})")
     print("\npredicted (replayed ranks), the best 8 by speed:")
     print(table(sorted(predicted, key=lambda p: -p["predicted_speedup"])[:8],
                 [("shape", "s"), ("nodes", "d"), ("tokens_per_forward", ".2f"), ("cost_steps", ".2f"),

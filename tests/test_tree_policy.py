@@ -181,7 +181,13 @@ def test_tree_sweep_records_what_the_policy_chose_and_what_it_cost(tmp_path, mon
         "chain_acceptance_by_depth"]) and set(snapshot["draft_cost"]) >= {"1", "2"}
     assert not any("policy" in r for r in rows if r.get("shape") != "auto:4")  # static shapes: no policy
     result = json.loads(next(tmp_path.glob("results/tree_sweep-*.json")).read_text())
-    assert result["host"]["rounds"] > 0 and result["host"]["shapes"] == ["1", "1,1,1", "2,1", "4"]
+    host = result["host"]
+    assert host["rounds"] == len(host["round_detail"]) > 0 and host["shapes"] == ["1", "1,1,1", "2,1", "4"]
+    assert host["tree_s"] >= 0 and host["masked_forward_s"] >= 0  # the tree terms are bounded below by 0
+    # what a round pays beyond its forwards: a chain nothing more, a tree its verify's mask and rule, and each
+    # draft forward after the first under a tree mask (trees branch at the root: shapes never widen)
+    assert [tree_sweep.host_terms(s) for s in ((1, 1, 1, 1), (2, 2), (2, 1, 1, 1), (4,))] == \
+        [(0, 0), (1, 1), (3, 1), (0, 1)]
     out = capsys.readouterr().out  # fp32: every run plain greedy's text, and the table says how many parted at ties
     assert "near_ties" in out and "parted" not in out
     # bf16 on a GPU: runs may part at near-ties (said), and one that parts elsewhere is called a bug
