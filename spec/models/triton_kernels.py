@@ -155,8 +155,9 @@ def exact_float(code, bias: tl.constexpr):
     one-token product does one a weight. Instead the code goes into the low bits of 2^23's mantissa (an integer
     add or or, widening a byte at the full rate), and the float 2^23 + c less 2^23 + bias is exact for
     0 <= c < 2^23: the sum is an integer below 2^24. Measured on an H100 (session 17): the 1B's packed one-token
-    step 4-5 % faster at most (int8 0.745 -> 0.709-0.717 ms), within the spread between runs: the conversion is one
-    of the 8-9 instructions an int4 weight costs in the loop (benchmarks/kernel_mix.py, docs/quantization.md)."""
+    step 4-5 % faster at most (int8 0.745 -> 0.709-0.717 ms), within the spread between runs: the conversion was one
+    of the 8-9 instructions an int4 weight cost in the byte kernel's loop (benchmarks/kernel_mix.py); the one-token
+    int4 products now read words instead (`int4_word_sums`), this is for int8 and the multi-token int4 tiles."""
     if code.dtype == tl.int8:  # q in [-128, 127]: 2^23 + 128 + q, then subtract 2^23 + 128 + bias
         word = code.to(tl.int32) + 0x4B000080
         return word.to(tl.float32, bitcast=True) - (8388736.0 + bias)
@@ -182,9 +183,10 @@ def as_float(w):
 # as they are and the high ones' divided by 16, so a group's sum over its words is sum(q x) + 256 sum(x_low) +
 # 16 sum(x_high), and the inputs' own sums take the constants back out once a tile for every row (`int4_inputs`,
 # `int4_word_sums`); the cancellation costs fp32 about 5 of its 24 bits (256 against codes of 7.5 on average), a
-# draft's products nothing it can notice (any draft keeps the answer exact; acceptance may move). About 4.5 machine
+# draft's products nothing it can notice (any draft keeps the answer exact; acceptance may move). 4.0-4.9 machine
 # instructions a weight where each byte in its own register took 8-9 (benchmarks/kernel_mix.py, in tiles where a
-# thread holds several rows, which share the inputs it loads; docs/quantization.md).
+# thread holds several rows, which share the inputs it loads); the 1B's int4 step on an H100 0.684 ms against
+# 0.779 (docs/quantization.md).
 _ASM = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")  # the interpreter runs no PTX
 
 
