@@ -70,7 +70,7 @@ def forward_times(model: Model, context: list[int], new: list[int], trials: int,
     times = []
     for i in range(warmup + trials):
         start = sync_time(model.device)
-        model.forward(new, tree=mask)
+        model.forward(new, tree=mask) if as_tree else model.forward(new)
         elapsed = sync_time(model.device) - start
         model.rollback(len(context))
         if i >= warmup:
