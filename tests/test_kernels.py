@@ -278,6 +278,76 @@ def test_quantized_fused_kernels_in_tritons_interpreter():
     run_interpreted(INTERPRETED_QUANT_WALK)
 
 
+def check_int4_products(device: str) -> None:
+    """The one-token int4 product (the word kernel, `triton_kernels.int4_word_sums`) against the weights its codes
+    stand for, in float64, for each epilogue, in tiles of one and of several iterations (64 inputs a tile over 192:
+    the next tile's prefetch, the groups' addresses past the first tile, the sums across tiles), with RMSNorm.
+    Its error bound: each group's sum of (256 + q) x_low and (256 + 16 q) x_high / 16 over G codes, then the groups'
+    scaled sums over K / G groups and the tile's reductions, is recursive fp32 summation of terms at most
+    272 |x| each, so |error| <= u (G + K / G + 8) sum_g |s_g| 272 sum_{k in g} |x_k| (u = 2^-24), plus the same for
+    the offsets' z sum(x); the norm's scale multiplies it. SiLU(gate) up carries the gate's error times |up|
+    (SiLU' <= 1.1) and the up's times |SiLU(gate)|."""
+    import torch
+
+    from spec.models import kernels
+    from spec.models.quant import GROUP, pack_for_kernels
+
+    gen = torch.Generator().manual_seed(0)
+    for epilogue, n, k, config in ((kernels.ADD, 64, 192, (16, 64, 4)), (kernels.ADD, 48, 128, (16, 1024, 4)),
+                                   (kernels.LOGITS, 300, 192, (16, 64, 4)), (kernels.SILU_MUL, 96, 192, (16, 64, 4)),
+                                   (kernels.SILU_MUL, 96, 128, (8, 256, 4))):
+        rows = 2 * n if epilogue == kernels.SILU_MUL else n
+        packed = pack_for_kernels(torch.randn(rows, k, generator=gen).to(device), "int4")
+        halves = packed.codes.cpu().view(rows, -1, GROUP // 2)  # the weights the codes stand for, in float64
+        codes = torch.cat([halves & 15, halves >> 4], -1).double()
+        s_, z_ = packed.scales.double().cpu()[..., None], packed.zeros.double().cpu()[..., None]
+        w = ((codes - 8) * s_ + z_).view(rows, k)
+        x = torch.randn(k, generator=gen)
+        norm = None if epilogue == kernels.ADD else torch.rand(k, generator=gen) + 0.5
+        r = 1.0 if norm is None else float(torch.rsqrt((x.double() ** 2).mean() + 1e-6))
+        xn = x.double() * (1.0 if norm is None else norm.double())
+        y = (w @ xn) * r
+        scales = packed.scales.double().cpu().abs().repeat_interleave(GROUP, 1)
+        zeros = packed.zeros.double().cpu().abs().repeat_interleave(GROUP, 1)
+        u = 2.0 ** -24
+        bound = u * (GROUP + k // GROUP + 8) * ((scales * 272 + zeros) @ xn.abs()) * r + 1e-7
+        out = torch.randn(n, generator=gen) if epilogue == kernels.ADD else torch.zeros(n)
+        want = out.double() + y if epilogue == kernels.ADD else y
+        if epilogue == kernels.SILU_MUL:
+            gate, up = y[:n], y[n:]
+            want = torch.nn.functional.silu(gate) * up
+            bound = 1.1 * bound[:n] * up.abs() + bound[n:] * torch.nn.functional.silu(gate).abs() + 1e-6
+        got = out.to(device)
+        kernels.gemv(x.to(device), packed, got, epilogue, None if norm is None else norm.to(device), 1e-6, config)
+        error = (got.double().cpu() - want).abs()
+        assert (error <= bound).all(), (epilogue, n, k, config, float(error.max()), float(bound.min()))
+
+
+INTERPRETED_INT4_PRODUCTS = """
+import sys
+sys.path.insert(0, "tests")
+from test_kernels import check_int4_products
+check_int4_products("cpu")
+print("ok")
+"""
+
+
+def test_int4_products_over_several_tiles_in_tritons_interpreter():
+    """The int4 word kernel's one-token products against float64, tiles of one and several iterations, in Triton's
+    interpreter (the inline LOP3 replaced by the same masks): `check_int4_products`."""
+    run_interpreted(INTERPRETED_INT4_PRODUCTS)
+
+
+@cuda
+def test_int4_products_over_several_tiles_on_a_gpu():
+    """The same on the GPU, where the codes become floats through the inline PTX LOP3."""
+    from spec.models import kernels
+
+    if not kernels.available():
+        pytest.skip("needs Triton")
+    check_int4_products("cuda")
+
+
 INTERPRETED_SPLIT_PRODUCTS = """
 import torch
 from spec.models import kernels

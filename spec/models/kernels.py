@@ -417,11 +417,12 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     return (config[0], packed_columns(config[1], k, KERNEL_FORMATS[quant]), *config[2:])
 
 
-# A packed head's one-token tile (int8, int4, fp8) is bf16's, at least 256 columns wide. bf16's tile is what the
-# head's 128k-151k rows want (widened to its bytes, the 1B's int4 head took 149 µs on an H100 against 102 in bf16's
-# 256 columns), but the H200's tuned bf16 tile is 128 columns, where an int4 head issues 16.8 instructions a weight
-# against 8.9 at 256 (benchmarks/kernel_mix.py) and took 184 µs against 103 on an H100, the whole int4 step 0.840 ms
-# against 0.766 (benchmarks/h100/session18/). Not measured on an H200.
+# A packed head's one-token tile (int8, fp8; int4 since session 19 takes INT4_TILE) is bf16's, at least 256 columns
+# wide. bf16's tile is what the head's 128k-151k rows want (widened to its bytes, the 1B's int4 head in the byte
+# kernel took 149 µs on an H100 against 102 in bf16's 256 columns), but the H200's tuned bf16 tile is 128 columns,
+# where the byte kernel's int4 head issued 16.8 instructions a weight against 8.9 at 256 (benchmarks/kernel_mix.py)
+# and took 184 µs against 103 on an H100, the whole int4 step 0.840 ms against 0.766 (benchmarks/h100/session18/).
+# int8's head: not measured on an H200.
 PACKED_HEAD_COLUMNS = 256
 
 # The int4 one-token products read their codes as int32 words, one instruction a code to a float
@@ -430,9 +431,10 @@ PACKED_HEAD_COLUMNS = 256
 # columns (128 words) over 4 warps is 4 rows a thread, 4.0-4.9 of a thread's instructions a weight on sm_90, where
 # bf16's tiles widened to their bytes (8 rows, 512-4096 columns, one row a thread) take 6-10
 # (benchmarks/kernel_mix.py). Fewer instructions paid where the product is big enough to stream at the memory's
-# rate: on an H100 (session 19, benchmarks/h100/session19/) the 1B's head took 72 us in this tile against 103 for
-# the byte kernel in its best, gate/up 14.0 against 14.4; o and down, 2048 rows, are latency-bound and took 4.9 and
-# 12.3 us here against 4.6 and 9.1 in bf16's tile widened, which they keep.
+# rate: on an H100 (session 19, benchmarks/h100/session19/) the 1B's head took 72 us in this tile against 103 in
+# the byte kernel's tile (99 in its best), gate/up 14.0 against 14.4; o and down, 2048 rows, are latency-bound and
+# took 4.9 and 12.3 us here against 4.6 and 9.1 in bf16's tiles widened as the H200 widens them ((8, 2048, 8),
+# (8, 4096, 8)), which they keep (the H100's rule widens down's to (8, 2048, 8): timed only within the step).
 INT4_TILE = (16, 1024, 4)
 
 

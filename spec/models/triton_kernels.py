@@ -1,8 +1,6 @@
 """The Triton kernels behind spec/kernels.py (imported on first use: Triton is there only with CUDA). What each
 computes, and why, is documented with its wrapper in spec/kernels.py."""
 
-import os
-
 import triton
 import triton.language as tl
 
@@ -187,7 +185,7 @@ def as_float(w):
 # instructions a weight where each byte in its own register took 8-9 (benchmarks/kernel_mix.py, in tiles where a
 # thread holds several rows, which share the inputs it loads); the 1B's int4 step on an H100 0.684 ms against
 # 0.779 (docs/quantization.md).
-_ASM = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")  # the interpreter runs no PTX
+_ASM = tl.constexpr(not triton.knobs.runtime.interpret)  # the interpreter runs no PTX (Triton's own reading of it)
 
 
 @triton.jit
