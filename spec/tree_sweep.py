@@ -7,11 +7,11 @@ How the prediction is made (spec/calc.py): one plain greedy run per prompt gives
 over that text gives, at every position, the rank of the target's token among the draft's choices. Under greedy
 decoding a tree of top-b children accepts depth d exactly when that rank is below b_d, so replaying the ranks gives
 each shape's tokens per target forward without running it. Timed forwards of the draft (over 1..8 tokens) and of
-the target (over 1..nodes+1 tokens, as a tree's verify reads them) give each shape's round cost, in target steps,
-with the draft's catch-up after rounds that accept every depth (its first forward then reads two tokens). What a
-round takes beyond those forwards (the rule, the trees' masks, the drafter's choices; less what back-to-back
-forwards save) is fitted to short runs of a few shapes on the first prompt (`calibrate`), and plain decoding's
-seconds a token are the baseline. Then the chain at K = 4, the best
+the target (over 1..nodes+1 tokens, as a tree's verify reads them, and as a chain's) give each shape's round cost,
+in target steps, with the draft's catch-up after rounds that accept every depth (its first forward then reads two
+tokens). What a round takes beyond those forwards (the rule, the trees' masks, the drafter's choices; less what
+back-to-back forwards save) is fitted to short runs of a few shapes on the first prompt (`calibrate`), and plain
+decoding's seconds a token are the baseline. Then the chain at K = 4, the best
 chain, the best tree by predicted speed and the tree with the most tokens per forward (within --max-nodes) run
 for real through the loop: tokens per target forward, decode speed against plain decoding, and identity. So do a
 dynamic tree of --max-nodes nodes (EAGLE-2's, at most --max-depth deep) and the tree policy (`--tree auto`: one
@@ -60,12 +60,20 @@ def ranks_of(pair, ids: list[int], tokens: list[int]) -> list[int]:
     return (logits > chosen).sum(-1).tolist()
 
 
-def costs(pair, context: list[int], max_width: int, max_tokens: int, trials: int) -> tuple[dict, dict, float]:
-    """(draft forward of w tokens, target forward of n tokens), both in target steps, and the step in seconds."""
-    with log.bar(total=max_width + max_tokens, desc="timing forwards") as bar:
-        target = {}
-        for n in range(1, max_tokens + 1):  # as a tree's verify reads them (past 16 tokens only a tree's is fused)
-            target[n] = statistics.median(forward_times(pair.target, context, context[-n:], trials, as_tree=n > 1))
+def costs(pair, context: list[int], max_width: int, max_tokens: int, max_chain: int, trials: int
+          ) -> tuple[dict, dict, dict, float]:
+    """(draft forward of w tokens, target forward of n tokens as a tree's verify reads them, the same as a chain's
+    verify reads them, up to max_chain + 1 tokens), in target steps, and the step in seconds. The two verifies take
+    different paths: a chain's is a plain forward (on the graph backend through the layer stack past 16 tokens,
+    and one-token steps up to its stepwise limit for packed weights), a tree's carries a tree mask (fused up to 64)."""
+    with log.bar(total=max_width + max_tokens + max_chain, desc="timing forwards") as bar:
+        tree, chain = {}, {}
+        for n in range(1, max_tokens + 1):
+            tree[n] = statistics.median(forward_times(pair.target, context, context[-n:], trials, as_tree=n > 1))
+            bar.update()
+        for n in range(1, max_chain + 2):
+            chain[n] = tree[1] if n == 1 else statistics.median(forward_times(pair.target, context, context[-n:],
+                                                                              trials))
             bar.update()
         draft = {}
         for w in range(1, max_width + 1):
@@ -73,15 +81,16 @@ def costs(pair, context: list[int], max_width: int, max_tokens: int, trials: int
             bar.update()
     pair.target.reset()
     pair.draft.reset()
-    step = target[1]
-    return {w: s / step for w, s in draft.items()}, {n: s / step for n, s in target.items()}, step
+    step = tree[1]
+    return ({w: s / step for w, s in draft.items()}, {n: s / step for n, s in tree.items()},
+            {n: s / step for n, s in chain.items()}, step)
 
 
 def host_terms(shape) -> tuple[int, int]:
-    """(draft forwards under a tree mask, 1 for a tree's verify) of a round of a static shape: a tree (branching at
-    its root: shapes never widen) feeds every depth after the first under a tree mask, a chain none."""
-    tree_round = int(nodes_of(shape) > len(shape))
-    return tree_round * (len(shape) - 1), tree_round
+    """(draft forwards under a tree mask, 1 for a tree's verify) of a round of a static shape: each draft forward
+    after the first feeds a depth's nodes, under a tree mask once some depth before it has branched."""
+    masked = sum(1 for depth in range(1, len(shape)) if max(shape[:depth]) > 1)
+    return masked, int(nodes_of(shape) > len(shape))
 
 
 def host_seconds(host: dict, shape) -> float:
@@ -90,7 +99,8 @@ def host_seconds(host: dict, shape) -> float:
     return host["round_s"] + host["masked_forward_s"] * masked + host["tree_s"] * tree_round
 
 
-def predict(shapes, texts: list[list[int]], draft_cost: dict, verify: dict, step: float, host: dict) -> list[dict]:
+def predict(shapes, texts: list[list[int]], draft_cost: dict, verifies: tuple[dict, dict], step: float,
+            host: dict) -> list[dict]:
     """Each shape's replayed tokens per target forward, its round cost and predicted decode speedup over plain
     decoding: tokens a round x plain decoding's seconds a token / the round's seconds, where a round costs its
     forwards (`calc.tree_round_cost`, the catch-up after full rounds included) and the rest of its time
@@ -103,6 +113,7 @@ def predict(shapes, texts: list[list[int]], draft_cost: dict, verify: dict, step
             replay = calc.replayed_tree_tokens(ranks, shape)
             tokens, rounds, full = tokens + replay.tokens, rounds + replay.rounds, full + replay.full
         per_round = tokens / rounds
+        verify = verifies[set(shape) == {1}]  # (a tree's, a chain's)
         bare = calc.tree_round_cost(shape, draft_cost, verify)
         cost = calc.tree_round_cost(shape, draft_cost, verify, full=full / rounds)
         round_s = cost * step + host_seconds(host, shape)
@@ -114,33 +125,45 @@ def predict(shapes, texts: list[list[int]], draft_cost: dict, verify: dict, step
     return out
 
 
-def calibrate(pair, ids: list[int], n: int, shapes, draft_cost: dict, verify: dict, step: float,
+def fit_host(rounds, draft_cost: dict, verifies: tuple[dict, dict], step: float) -> tuple[list[float], int]:
+    """([round_s, masked_forward_s, tree_s], rounds used): least squares of each round's time less the forwards it
+    made, timed alone (the draft's, the catch-up's width included, and the target's over the tokens it verified: a
+    tree's verify or a chain's, `verifies`), on 1, its draft forwards under a tree mask and whether it was a tree
+    round; round_s free in sign, the tree terms at least 0. Rounds with no draft forward, or a forward or verify
+    width not timed, are left out; fewer than three rounds give zeros."""
+    rows, seconds = [], []
+    for r in rounds:
+        tree_round = int(r.drafted > len(r.forwards))
+        verify = verifies[1 - tree_round]  # a tree round's verify carries its mask, a chain's does not
+        if not r.forwards or max(r.forwards) not in draft_cost or r.verified not in verify:
+            continue
+        rows.append([1.0, sum(1 for w in r.forwards[1:] if w > 1), tree_round])  # a depth is wider than 1 once
+        # some depth before it branched: then its forward carries a tree mask
+        seconds.append(r.total_s - (sum(draft_cost[w] for w in r.forwards) + verify[r.verified]) * step)
+    if len(rows) < 3:
+        return [0.0, 0.0, 0.0], len(rows)
+    bounds = ([-numpy.inf, 0.0, 0.0], [numpy.inf, numpy.inf, numpy.inf])
+    return [float(c) for c in scipy.optimize.lsq_linear(numpy.array(rows), numpy.array(seconds), bounds=bounds).x], \
+        len(rows)
+
+
+def calibrate(pair, ids: list[int], n: int, shapes, draft_cost: dict, verifies: tuple[dict, dict], step: float,
               plain_token_s: float) -> dict:
-    """A round's time outside its timed forwards, in seconds, fitted to short runs of `shapes` on one prompt: each
-    round's time less the forwards it made, timed alone (the draft's, the catch-up's width included, and the
-    target's over the tokens it verified), as round_s + masked_forward_s x (draft forwards under a tree mask) +
-    tree_s (a tree round: its verify's mask and rule). round_s is what every round pays beyond its forwards, less
-    what its back-to-back forwards save against forwards timed one by one (negative on a GPU, where a chain's
-    draft forwards overlap their launches); the tree terms are at least 0. Measured on an H100, real pair, int8
-    draft (session 19): chains -0.1 target steps a round, a `2,2` tree +0.5, per draft forward of a deep tree
-    +0.15. The first two rounds of each run are left out; the rounds used are kept for reports."""
-    rows, seconds, kept = [], [], []
+    """A round's time outside its timed forwards, in seconds (`fit_host`), from short runs of `shapes` on one
+    prompt, their first two rounds left out: round_s is what every round pays beyond its forwards, less what its
+    back-to-back forwards save against forwards timed one by one (negative on a GPU, where a chain's draft forwards
+    overlap their launches); tree_s what a tree round pays more (its verify's mask and rule), masked_forward_s each
+    draft forward under a tree mask. Session 19's H100 rounds (real pair, int8 draft): chains -0.1 target steps, a
+    `2,2` tree +0.5, a deep tree's masked draft forwards +0.15 each. The rounds are kept for reports."""
+    rounds, kept = [], []
     for shape in shapes:
         k, tree = loop_setting(shape, len(shape))
         for r in run_loop(pair, "draft", k, ids, n, tree=tree).rounds[2:]:
-            if not r.forwards or max(r.forwards) not in draft_cost or r.verified not in verify:
-                continue
-            tree_round = int(r.drafted > len(r.forwards))
-            rows.append([1.0, tree_round * (len(r.forwards) - 1), tree_round])
-            seconds.append(r.total_s - (sum(draft_cost[w] for w in r.forwards) + verify[r.verified]) * step)
+            rounds.append(r)
             kept.append([",".join(map(str, shape)), list(r.forwards), r.verified, r.total_s])
-    if len(rows) >= 3:
-        bounds = ([-numpy.inf, 0.0, 0.0], [numpy.inf, numpy.inf, numpy.inf])
-        coef = scipy.optimize.lsq_linear(numpy.array(rows), numpy.array(seconds), bounds=bounds).x
-    else:
-        coef = [0.0, 0.0, 0.0]
-    return {"plain_token_s": plain_token_s, "plain_s": plain_token_s - step, "round_s": float(coef[0]),
-            "masked_forward_s": float(coef[1]), "tree_s": float(coef[2]), "rounds": len(rows),
+    (round_s, masked_forward_s, tree_s), used = fit_host(rounds, draft_cost, verifies, step)
+    return {"plain_token_s": plain_token_s, "plain_s": plain_token_s - step, "round_s": round_s,
+            "masked_forward_s": masked_forward_s, "tree_s": tree_s, "rounds": used,
             "shapes": [",".join(map(str, s)) for s in shapes], "round_detail": kept}
 
 
@@ -216,12 +239,14 @@ def main(argv=None) -> dict:
     longest = max(2, *(max(widths(s)[:-1] or [1]) for s in [*shapes, *static, *calibration]))  # 2: the catch-up
     first_ids = ids_of[prompts[0]["id"]]
     context = first_ids + plain[prompts[0]["id"]].tokens
-    draft_cost, verify, step = costs(pair, context, longest, max(nodes_of(s) for s in [*shapes, *chains,
-                                                                                      *static]) + 1, args.trials)
+    longest_chain = max(len(s) for s in [*chains, *static, *calibration] if set(s) == {1})
+    draft_cost, verify, verify_chain, step = costs(pair, context, longest, max(
+        nodes_of(s) for s in [*shapes, *chains, *static]) + 1, longest_chain, args.trials)
     plain_token_s = sum(r.decode_s for r in plain.values()) / sum(len(r.tokens) for r in plain.values())
-    host = calibrate(pair, first_ids, min(n, 32), calibration, draft_cost, verify, step, plain_token_s)
+    host = calibrate(pair, first_ids, min(n, 32), calibration, draft_cost, (verify, verify_chain), step,
+                     plain_token_s)
     predicted = predict(sorted({*shapes, *chains, *static}, key=lambda s: (nodes_of(s), s)), texts, draft_cost,
-                        verify, step, host)
+                        (verify, verify_chain), step, host)
     by_shape = {p["shape"]: p for p in predicted}
     best_chain = max((p for p in predicted if p["chain"]), key=lambda p: p["predicted_speedup"])
     trees = [p for p in predicted if not p["chain"] and p["nodes"] <= args.max_nodes]
@@ -306,7 +331,8 @@ def main(argv=None) -> dict:
     result = {"task": "tree_sweep", "pair": pair.name, "device": str(pair.device), "dtype": dtype_name(pair.dtype),
               **pair.quant_setup(),
               "args": {**vars(args), "trees": [describe(t) for t in args.trees]},
-              "target_step_s": step, "draft_cost": draft_cost, "verify": verify, "host": host,
+              "target_step_s": step, "draft_cost": draft_cost, "verify": verify, "verify_chain": verify_chain,
+              "host": host,
               "rank_probs": rank_probs,
               "predicted": predicted, "measured": measured}
     path = results.finish(result)
