@@ -88,9 +88,9 @@ def costs(pair, context: list[int], max_width: int, max_tokens: int, max_chain: 
 
 def host_terms(shape) -> tuple[int, int]:
     """(draft forwards under a tree mask, 1 for a tree's verify) of a round of a static shape: each draft forward
-    after the first feeds a depth's nodes, under a tree mask once some depth before it has branched."""
-    masked = sum(1 for depth in range(1, len(shape)) if max(shape[:depth]) > 1)
-    return masked, int(nodes_of(shape) > len(shape))
+    after the first feeds a depth's nodes (`widths` but the last), under a tree mask once that depth is wider than
+    one node (some depth before it branched); `fit_host` reads the same from a round's forwards."""
+    return sum(1 for w in widths(shape)[:-1] if w > 1), int(nodes_of(shape) > len(shape))
 
 
 def host_seconds(host: dict, shape) -> float:
@@ -137,8 +137,7 @@ def fit_host(rounds, draft_cost: dict, verifies: tuple[dict, dict], step: float)
         verify = verifies[1 - tree_round]  # a tree round's verify carries its mask, a chain's does not
         if not r.forwards or max(r.forwards) not in draft_cost or r.verified not in verify:
             continue
-        rows.append([1.0, sum(1 for w in r.forwards[1:] if w > 1), tree_round])  # a depth is wider than 1 once
-        # some depth before it branched: then its forward carries a tree mask
+        rows.append([1.0, sum(1 for w in r.forwards[1:] if w > 1), tree_round])  # as `host_terms` counts them
         seconds.append(r.total_s - (sum(draft_cost[w] for w in r.forwards) + verify[r.verified]) * step)
     if len(rows) < 3:
         return [0.0, 0.0, 0.0], len(rows)
