@@ -279,48 +279,54 @@ def test_quantized_fused_kernels_in_tritons_interpreter():
 
 
 def check_int4_products(device: str) -> None:
-    """The one-token int4 product (the word kernel, `triton_kernels.int4_word_sums`) against the weights its codes
-    stand for, in float64, for each epilogue, in tiles of one and of several iterations (64 inputs a tile over 192:
-    the next tile's prefetch, the groups' addresses past the first tile, the sums across tiles), with RMSNorm.
-    Its error bound: each group's sum of (256 + q) x_low and (256 + 16 q) x_high / 16 over G codes, then the groups'
-    scaled sums over K / G groups and the tile's reductions, is recursive fp32 summation of terms at most
-    272 |x| each, so |error| <= u (G + K / G + 8) sum_g |s_g| 272 sum_{k in g} |x_k| (u = 2^-24), plus the same for
-    the offsets' z sum(x); the norm's scale multiplies it. SiLU(gate) up carries the gate's error times |up|
-    (SiLU' <= 1.1) and the up's times |SiLU(gate)|."""
+    """The int4 products of one token (the word kernel, `triton_kernels.int4_word_sums`) and of 2-8 tokens
+    (`gemv_few`, the same words for every token; 3 tokens padded to 4, the o product's head-major inputs) against
+    the weights the codes stand for, in float64, for each epilogue, in tiles of one and of several iterations (64
+    inputs a tile over 192: the next tile's prefetch, the groups' addresses past the first tile, the sums across
+    tiles), with RMSNorm. Its error bound, per token: each group's sum of (256 + q) x_low and (256 + 16 q) x_high /
+    16 over G codes, then the groups' scaled sums over K / G groups and the tile's reductions, is recursive fp32
+    summation of terms at most 272 |x| each, so |error| <= u (G + K / G + 8) sum_g |s_g| 272 sum_{k in g} |x_k|
+    (u = 2^-24), plus the same for the offsets' z sum(x); the norm's scale multiplies it. SiLU(gate) up carries the
+    gate's error times |up| (SiLU' <= 1.1) and the up's times |SiLU(gate)|."""
     import torch
 
     from spec.models import kernels
     from spec.models.quant import GROUP, pack_for_kernels
 
     gen = torch.Generator().manual_seed(0)
-    for epilogue, n, k, config in ((kernels.ADD, 64, 192, (16, 64, 4)), (kernels.ADD, 48, 128, (16, 1024, 4)),
-                                   (kernels.LOGITS, 300, 192, (16, 64, 4)), (kernels.SILU_MUL, 96, 192, (16, 64, 4)),
-                                   (kernels.SILU_MUL, 96, 128, (8, 256, 4))):
+    cases = ((kernels.ADD, 64, 192, (16, 64, 4)), (kernels.ADD, 48, 128, (16, 1024, 4)),
+             (kernels.LOGITS, 300, 192, (16, 64, 4)), (kernels.SILU_MUL, 96, 192, (16, 64, 4)),
+             (kernels.SILU_MUL, 96, 128, (8, 256, 4)))
+    for (epilogue, n, k, config), tokens in [(case, m) for case in cases for m in (1, 3)] + [(cases[3], 8)]:
         rows = 2 * n if epilogue == kernels.SILU_MUL else n
         packed = pack_for_kernels(torch.randn(rows, k, generator=gen).to(device), "int4")
         halves = packed.codes.cpu().view(rows, -1, GROUP // 2)  # the weights the codes stand for, in float64
         codes = torch.cat([halves & 15, halves >> 4], -1).double()
         s_, z_ = packed.scales.double().cpu()[..., None], packed.zeros.double().cpu()[..., None]
         w = ((codes - 8) * s_ + z_).view(rows, k)
-        x = torch.randn(k, generator=gen)
+        x = torch.randn(tokens, k, generator=gen)
         norm = None if epilogue == kernels.ADD else torch.rand(k, generator=gen) + 0.5
-        r = 1.0 if norm is None else float(torch.rsqrt((x.double() ** 2).mean() + 1e-6))
+        r = 1.0 if norm is None else torch.rsqrt((x.double() ** 2).mean(1, keepdim=True) + 1e-6)
         xn = x.double() * (1.0 if norm is None else norm.double())
-        y = (w @ xn) * r
+        y = (xn @ w.t()) * r
         scales = packed.scales.double().cpu().abs().repeat_interleave(GROUP, 1)
         zeros = packed.zeros.double().cpu().abs().repeat_interleave(GROUP, 1)
         u = 2.0 ** -24
-        bound = u * (GROUP + k // GROUP + 8) * ((scales * 272 + zeros) @ xn.abs()) * r + 1e-7
-        out = torch.randn(n, generator=gen) if epilogue == kernels.ADD else torch.zeros(n)
+        bound = u * (GROUP + k // GROUP + 8) * (xn.abs() @ (scales * 272 + zeros).t()) * r + 1e-7
+        out = torch.randn(tokens, n, generator=gen) if epilogue == kernels.ADD else torch.zeros(tokens, n)
         want = out.double() + y if epilogue == kernels.ADD else y
         if epilogue == kernels.SILU_MUL:
-            gate, up = y[:n], y[n:]
+            gate, up = y[:, :n], y[:, n:]
             want = torch.nn.functional.silu(gate) * up
-            bound = 1.1 * bound[:n] * up.abs() + bound[n:] * torch.nn.functional.silu(gate).abs() + 1e-6
+            bound = 1.1 * bound[:, :n] * up.abs() + bound[:, n:] * torch.nn.functional.silu(gate).abs() + 1e-6
         got = out.to(device)
-        kernels.gemv(x.to(device), packed, got, epilogue, None if norm is None else norm.to(device), 1e-6, config)
+        head_major = 16 if epilogue == kernels.ADD and tokens > 1 else 0  # the o product reads the attention's output
+        inputs = x if not head_major else x.view(tokens, k // 16, 16).transpose(0, 1).contiguous()
+        tiles = config if tokens == 1 else kernels.few_tile(config, tokens, "int4")
+        kernels.gemv(inputs.squeeze(0).to(device), packed, got.squeeze(0), epilogue,
+                     None if norm is None else norm.to(device), 1e-6, tiles, head_major)
         error = (got.double().cpu() - want).abs()
-        assert (error <= bound).all(), (epilogue, n, k, config, float(error.max()), float(bound.min()))
+        assert (error <= bound).all(), (epilogue, n, k, tiles, tokens, float(error.max()), float(bound.min()))
 
 
 INTERPRETED_INT4_PRODUCTS = """
@@ -333,8 +339,8 @@ print("ok")
 
 
 def test_int4_products_over_several_tiles_in_tritons_interpreter():
-    """The int4 word kernel's one-token products against float64, tiles of one and several iterations, in Triton's
-    interpreter (the inline LOP3 replaced by the same masks): `check_int4_products`."""
+    """The int4 word kernel's products of one and a few tokens against float64, tiles of one and several
+    iterations, in Triton's interpreter (the inline LOP3 replaced by the same masks): `check_int4_products`."""
     run_interpreted(INTERPRETED_INT4_PRODUCTS)
 
 
@@ -360,7 +366,7 @@ kernels.input_splits = lambda *args: seen.append(input_splits(*args)) or seen[-1
 # (a bf16 product of <= 16 tokens is not split: `input_splits`)
 cases = ((kernels.ADD, "none", 17, False, 4), (kernels.ADD, "none", 9, False, 1),
          (kernels.SILU_MUL, "int4", 33, True, 4),
-         (kernels.RAW, "int8", 5, True, 4), (kernels.LOGITS, "none", 64, True, 4))
+         (kernels.RAW, "int8", 9, True, 4), (kernels.LOGITS, "none", 64, True, 4))
 for epilogue, scheme, tokens, norm, split in cases:
     rows = 64 * (2 if epilogue == kernels.SILU_MUL else 1)
     weight = torch.randn(rows, 1024, generator=g) / 32

@@ -89,6 +89,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--schemes", default="none,int8,int4")
     parser.add_argument("--products", default=",".join(PRODUCTS))
+    parser.add_argument("--tokens", default="1", help="token counts, e.g. 1,2,8: past one, packed weights' products "
+                        "go through kernels.gemv_few (2-8 tokens), timed in the chosen tile and FEW_ALTERNATES'")
     parser.add_argument("--json", default="results/packed_gemv.json")
     parser.add_argument("--no-count", action="store_true", help="time only (kernel_mix's counts are the same anywhere)")
     args = parser.parse_args()
@@ -100,30 +102,53 @@ def main() -> None:
             copies = [weight(scheme, n * (2 if epilogue == kernels.SILU_MUL else 1), k, device)]
             size = nbytes(copies[0])
             copies += [copy_of(copies[0]) for _ in range(min(19, -(-L2_CLEAR // size) - 1))]
-            x = torch.randn(k, device=device, dtype=torch.bfloat16)
             norm = None if epilogue == kernels.ADD else torch.ones(k, device=device, dtype=torch.bfloat16)
-            out = torch.zeros(n, device=device, dtype=torch.float32 if epilogue == kernels.LOGITS else torch.bfloat16)
-            chosen = tuple(kernels.gemv_config(kind, n, k, device, 1, scheme))
-            for config in dict.fromkeys([chosen, *ALTERNATES.get((scheme, name), [])]):
-                us = time_us([functools.partial(kernels.gemv, x, c, out, epilogue, norm, 1e-5, config) for c in copies])
-                loop = {"per_weight": None, "registers": None}
-                if not args.no_count:
-                    try:
-                        loop = compile_product(scheme, name, config)
-                    except Exception as e:  # no disassembler: the times still stand
-                        loop["error"] = str(e)
-                row = {"scheme": scheme, "product": name, "n": n, "k": k, "config": list(config),
-                       "alternate": config != chosen, "us": us, "bytes": size, "tb_s": size / us / 1e6,
-                       "loop_per_weight": loop["per_weight"], "registers": loop["registers"]}
-                rows.append(row)
-                per_weight = f"{loop['per_weight']:.2f}" if loop["per_weight"] else "?"
-                print(f"{scheme:5} {name:8} {str(config) + ('*' if row['alternate'] else ''):17} {us:8.2f} us "
-                      f"{size / 1e6:7.2f} MB {row['tb_s']:5.2f} TB/s  {per_weight:>6} instr/weight "
-                      f"regs {loop['registers']}", flush=True)
+            for tokens in map(int, args.tokens.split(",")):
+                x = torch.randn(tokens, k, device=device, dtype=torch.bfloat16).squeeze(0)
+                dtype = torch.float32 if epilogue == kernels.LOGITS else torch.bfloat16
+                out = torch.zeros(tokens, n, device=device, dtype=dtype).squeeze(0)
+                chosen = tuple(kernels.gemv_config(kind, n, k, device, tokens, scheme))
+                alternates = ALTERNATES.get((scheme, name), []) if tokens == 1 else few_alternates(chosen, tokens)
+                configs = list(dict.fromkeys([chosen, *alternates]))
+                with kernels.compiling_ahead(ignore_errors=True):  # every variant compiles at once
+                    for config in configs:
+                        kernels.gemv(x, copies[0], out, epilogue, norm, 1e-5, config)
+                for config in configs:
+                    rows.append(time_product(args, scheme, name, n, k, tokens, config, chosen, copies, x, out,
+                                             epilogue, norm, size))
     with open(args.json, "w") as f:
         json.dump({"device_name": torch.cuda.get_device_name(device), "command": "benchmarks/h200/packed_gemv.py",
                    "rows": rows}, f, indent=1)
     print("wrote", args.json)
+
+
+def few_alternates(chosen: tuple[int, ...], tokens: int) -> list[tuple[int, ...]]:
+    """Tiles timed beside a 2-8-token product's chosen one: twice and half its columns, twice its rows."""
+    bn, block_k, warps = chosen[:3]
+    return [(bn, block_k * 2, warps), (bn, max(32, block_k // 2), warps), (bn * 2, block_k, warps),
+            (max(2, bn // 2), block_k * 2, warps)]
+
+
+def time_product(args, scheme, name, n, k, tokens, config, chosen, copies, x, out, epilogue, norm, size) -> dict:
+    try:
+        us = time_us([functools.partial(kernels.gemv, x, c, out, epilogue, norm, 1e-5, config) for c in copies])
+    except Exception as e:  # a tile that does not compile or fit
+        print(f"{scheme:5} {name:8} x{tokens} {config}: {type(e).__name__}: {str(e)[:80]}", flush=True)
+        return {"scheme": scheme, "product": name, "tokens": tokens, "config": list(config), "error": str(e)[:300]}
+    loop = {"per_weight": None, "registers": None}
+    if not args.no_count and tokens == 1:
+        try:
+            loop = compile_product(scheme, name, config)
+        except Exception as e:  # no disassembler: the times still stand
+            loop["error"] = str(e)
+    row = {"scheme": scheme, "product": name, "n": n, "k": k, "tokens": tokens, "config": list(config),
+           "alternate": config != chosen, "us": us, "bytes": size, "tb_s": size / us / 1e6,
+           "loop_per_weight": loop["per_weight"], "registers": loop["registers"]}
+    per_weight = f"{loop['per_weight']:.2f}" if loop["per_weight"] else "?"
+    print(f"{scheme:5} {name:8} x{tokens} {str(config) + ('*' if row['alternate'] else ''):17} "
+          f"{us:8.2f} us {size / 1e6:7.2f} MB {row['tb_s']:5.2f} TB/s  {per_weight:>6} instr/weight "
+          f"regs {loop['registers']}", flush=True)
+    return row
 
 
 if __name__ == "__main__":

@@ -248,6 +248,10 @@ def _(q, k_cache, v_cache, pos, span, n_tokens, scale, pdl=False, tree=None):
 
 ADD, SILU_MUL, LOGITS, RAW = 0, 1, 2, 3
 MAX_FUSED_TOKENS = 16  # tokens a verify or a prompt's chunk takes at once: the width of one tensor-core tile
+# Up to this many tokens, products over packed weights run on the CUDA cores (`gemv_few`, `few_tile`);
+# SPARK_SPEC_FEW_TOKENS=0, read when this module is imported, sends them to the tensor-core kernel instead (how a
+# benchmark measures what it gives).
+MAX_FEW_TOKENS = 0 if os.environ.get("SPARK_SPEC_FEW_TOKENS") == "0" else 8
 MAX_KERNEL_TOKENS = 64  # the most one fused forward takes (a token tree's verify): tiles of 16, 32 or 64 tokens
 
 # Tuned (rows per program, columns per iteration, warps) per GPU and product, keyed (kind, N, K) with kind one of
@@ -375,8 +379,11 @@ WIDE_TILE = (64, 128, 4, 4)
 
 def tuned_kind(kind: str, tokens: int = 1, quant: str = "none") -> str:
     """The tuned table's name for a product's tiles: the kind, "_rows" for 2-64 tokens with the tile's token width
-    past 16 ("add_rows64": a tree's verify), and "@" the weight format when packed ("add@int4")."""
-    if tokens > 1:
+    past 16 ("add_rows64": a tree's verify), but "_few" for 2-MAX_FEW_TOKENS tokens over packed weights (`gemv_few`),
+    and "@" the weight format when packed ("add@int4")."""
+    if 1 < tokens <= MAX_FEW_TOKENS and quant != "none":
+        kind += "_few"
+    elif tokens > 1:
         kind += "_rows"
         if tile_tokens(tokens) > MAX_FUSED_TOKENS:
             kind += str(tile_tokens(tokens))
@@ -397,6 +404,8 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     exact = table.get((tuned_kind(kind, tokens, quant), n, k))
     if exact:
         return exact
+    if 1 < tokens <= MAX_FEW_TOKENS and quant != "none":
+        return few_tile(gemv_config(kind, n, k, device, 1, quant), tokens, quant)
     config = table.get((tuned_kind(kind, tokens), n, k))  # the plain weights' entry
     if tokens > MAX_FUSED_TOKENS:
         if kind not in ("qkv", "add", "silu_mul", "logits", "raw"):
@@ -415,6 +424,14 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     if kind == "logits":  # a packed head: at least PACKED_HEAD_COLUMNS, else the bf16 tile
         return config if quant == "none" else (config[0], max(config[1], PACKED_HEAD_COLUMNS), *config[2:])
     return (config[0], packed_columns(config[1], k, KERNEL_FORMATS[quant]), *config[2:])
+
+
+def few_tile(one_token: tuple[int, ...], tokens: int, quant: str) -> tuple[int, ...]:
+    """A 2-MAX_FEW_TOKENS-token product's tile over packed weights: the one-token tile's rows and warps, its columns
+    divided by the tokens' padded count (what a thread holds of a tile's products across the tokens stays the
+    one-token tile's), at least a whole int4 group or 16 int8 / fp8 inputs."""
+    bn, block_k, warps = one_token[:3]
+    return bn, max(GROUP if quant == "int4" else 16, block_k // _pow2(tokens)), warps
 
 
 # A packed head's one-token tile (int8, fp8; int4 since session 19 takes INT4_TILE) is bf16's, at least 256 columns
@@ -518,6 +535,9 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     grid = (-(-n // config[0]),)
     if tokens == 1:
         _launch(_triton().gemv, grid, config, pdl, *args, n, k, **constexprs)
+    elif tokens <= MAX_FEW_TOKENS and quant["QUANT"]:
+        _launch(_triton().gemv_few, grid, config, pdl, *args, tokens, n, k, **constexprs, XD=head_major,
+                MT=_pow2(tokens))
     else:
         mp = tile_tokens(tokens)
         config = fit_shared_memory(config, x.element_size(), 2 if epilogue == SILU_MUL else 1, mp)

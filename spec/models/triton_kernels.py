@@ -478,6 +478,151 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
     store_epilogue(out_ptr + rows, rm, y, up, x_ptr, EPILOGUE)
 
 
+# ---- the fused forward of 2-8 tokens over packed weights (a draft's catch-up, a tree's frontier) -----------------
+#
+# The one-token kernel's loop with a token axis: each weight tile is read once, turned into floats once (int4's
+# words by `nibble_float`, int8 / fp8 by `as_float`) and multiplied into every token's inputs on the CUDA cores,
+# MT (2, 4 or 8) multiply-adds a weight. The tensor-core kernel below needs a tile of 16 tokens and de-quantised
+# operands laid out for the tensor cores, which cost the 1B's 2-16-token forwards 3.5-3.9 ms with int4 codes and
+# 1.9-2.1 with int8 on an H100 against 0.68 for a one-token step (benchmarks/h100/session19/).
+
+
+@triton.jit
+def few_offsets(at, ms, M, K, XD: tl.constexpr):
+    """Where token m's input `at` lies, [MT, len(at)]: x is [M, K] (XD = 0) or head-major [K // XD, M, XD]."""
+    if XD == 0:
+        return ms[:, None] * K + at[None, :]
+    else:
+        return (at[None, :] // XD) * (M * XD) + ms[:, None] * XD + at[None, :] % XD
+
+
+@triton.jit
+def few_input(x_ptr, nw_ptr, at, ok, ms, mm, M, K, XD: tl.constexpr, NORM: tl.constexpr):
+    """The tokens' inputs `at` ([MT, len(at)] fp32): as read (for the norm's sum of squares) and times RMSNorm's
+    weight with NORM."""
+    x = tl.load(x_ptr + few_offsets(at, ms, M, K, XD), mask=mm[:, None] & ok[None, :], other=0.0).to(tl.float32)
+    xn = x
+    if NORM:
+        xn = x * tl.load(nw_ptr + at, mask=ok, other=0.0).to(tl.float32)[None, :]
+    return x, xn
+
+
+@triton.jit
+def int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, J: tl.constexpr, XD: tl.constexpr, NORM: tl.constexpr,
+                   BLOCK_K: tl.constexpr, G: tl.constexpr):
+    """`int4_input` for MT tokens: the input of code J of each word of a tile, [MT, BLOCK_K / 8]."""
+    wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    at = (wi // (G // 8)) * G + (wi % (G // 8)) * 4 + J % 4 + (J // 4) * (G // 2)
+    return few_input(x_ptr, nw_ptr, at, wi < K // 8, ms, mm, M, K, XD, NORM)
+
+
+@triton.jit
+def int4_few_inputs(x_ptr, nw_ptr, k0, K, ms, mm, M, sq, XD: tl.constexpr, NORM: tl.constexpr,
+                    BLOCK_K: tl.constexpr, G: tl.constexpr):
+    """`int4_inputs` for MT tokens: each code's inputs [MT, BLOCK_K / 8] (the high nibbles' divided by 16), per
+    token and group sum(x) and 264 sum(x_low) + 24 sum(x_high) [MT, BLOCK_K / G], the running sums of squares."""
+    r0, l0 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 0, XD, NORM, BLOCK_K, G)
+    r1, l1 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 1, XD, NORM, BLOCK_K, G)
+    r2, l2 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 2, XD, NORM, BLOCK_K, G)
+    r3, l3 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 3, XD, NORM, BLOCK_K, G)
+    r4, h0 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 4, XD, NORM, BLOCK_K, G)
+    r5, h1 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 5, XD, NORM, BLOCK_K, G)
+    r6, h2 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 6, XD, NORM, BLOCK_K, G)
+    r7, h3 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 7, XD, NORM, BLOCK_K, G)
+    if NORM:
+        sq += r0 * r0 + r1 * r1 + r2 * r2 + r3 * r3 + r4 * r4 + r5 * r5 + r6 * r6 + r7 * r7
+    low = l0 + l1 + l2 + l3
+    high = h0 + h1 + h2 + h3
+    groups: tl.constexpr = BLOCK_K // G
+    tokens: tl.constexpr = low.shape[0]
+    total = tl.sum(tl.reshape(low + high, (tokens, groups, G // 8)), 2)
+    offset = tl.sum(tl.reshape(264.0 * low + 24.0 * high, (tokens, groups, G // 8)), 2)
+    return l0, l1, l2, l3, h0 * 0.0625, h1 * 0.0625, h2 * 0.0625, h3 * 0.0625, total, offset, sq
+
+
+@triton.jit
+def int4_few_sums(w, s, z, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G: tl.constexpr):
+    """`int4_word_sums` for MT tokens, [MT, rows, groups]: each word's codes become floats once, for every token."""
+    t = w << 15  # byte 0 to bits 15-22
+    a = nibble_float(t, 0)[None, :, :] * l0[:, None, :]
+    a = nibble_float(t, 1)[None, :, :] * h0[:, None, :] + a
+    t = w << 7  # byte 1
+    a = nibble_float(t, 0)[None, :, :] * l1[:, None, :] + a
+    a = nibble_float(t, 1)[None, :, :] * h1[:, None, :] + a
+    t = w >> 1  # byte 2
+    a = nibble_float(t, 0)[None, :, :] * l2[:, None, :] + a
+    a = nibble_float(t, 1)[None, :, :] * h2[:, None, :] + a
+    t = w >> 9  # byte 3
+    a = nibble_float(t, 0)[None, :, :] * l3[:, None, :] + a
+    a = nibble_float(t, 1)[None, :, :] * h3[:, None, :] + a
+    part = tl.sum(tl.reshape(a, (a.shape[0], w.shape[0], w.shape[1] // (G // 8), G // 8)), 3)
+    return (s.to(tl.float32)[None, :, :] * (part - offset[:, None, :])
+            + z.to(tl.float32)[None, :, :] * total[:, None, :])
+
+
+@triton.jit
+def few_sums(w, x, R: tl.constexpr):
+    """An int8 / fp8 tile's products with MT tokens' inputs x [MT, BLOCK_K], summed over runs of R inputs:
+    [MT, rows, BLOCK_K / R] (int8's row scales come after the whole sum)."""
+    a = as_float(w)[None, :, :] * x[:, None, :]
+    return tl.sum(tl.reshape(a, (x.shape[0], w.shape[0], w.shape[1] // R, R)), 3)
+
+
+@triton.jit
+def gemv_few(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K,
+             NORM: tl.constexpr, EPILOGUE: tl.constexpr, XD: tl.constexpr, BN: tl.constexpr, BLOCK_K: tl.constexpr,
+             MT: tl.constexpr, PDL: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
+    """`gemv` for M <= MT tokens over packed weights (QUANT 1 or 2): out [M, N] as `gemv_rows` writes it."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    rm = rows < N
+    ms = tl.arange(0, MT)
+    mm = ms < M
+    ks = tl.arange(0, BLOCK_K)
+    w, ws, wz, u, us, uz = first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, 0, K, N, EPILOGUE, BLOCK_K, QUANT, G)
+    rw = row_scales(s_ptr, rows, rm, QUANT)
+    ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    R: tl.constexpr = 16 if BLOCK_K >= 16 else BLOCK_K
+    if QUANT == 2:
+        acc = tl.zeros([MT, BN, BLOCK_K // G], tl.float32)
+        sq = tl.zeros([MT, BLOCK_K // 8], tl.float32)
+    else:
+        acc = tl.zeros([MT, BN, BLOCK_K // R], tl.float32)
+        sq = tl.zeros([MT, BLOCK_K], tl.float32)
+    acc_up = acc
+    for k0 in range(0, K, BLOCK_K):
+        w_next, ws_next, wz_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0 + BLOCK_K, K, BLOCK_K, QUANT, G)
+        u_next, us_next, uz_next = w_next, ws_next, wz_next
+        if EPILOGUE == 1:
+            u_next, us_next, uz_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, k0 + BLOCK_K, K, BLOCK_K,
+                                                      QUANT, G)
+        if QUANT == 2:
+            l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_few_inputs(x_ptr, nw_ptr, k0, K, ms, mm, M, sq,
+                                                                                XD, NORM, BLOCK_K, G)
+            acc += int4_few_sums(w, ws, wz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
+            if EPILOGUE == 1:
+                acc_up += int4_few_sums(u, us, uz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
+        else:
+            x, xn = few_input(x_ptr, nw_ptr, k0 + ks, k0 + ks < K, ms, mm, M, K, XD, NORM)
+            if NORM:
+                sq += x * x
+            acc += few_sums(w, xn, R)
+            if EPILOGUE == 1:
+                acc_up += few_sums(u, xn, R)
+        w, ws, wz = w_next, ws_next, wz_next
+        u, us, uz = u_next, us_next, uz_next
+    y = tl.sum(acc, 2) * rw[None, :]  # [MT, BN]
+    up = tl.sum(acc_up, 2) * ru[None, :]
+    if NORM:  # RMSNorm's scale, per token, applied after the sum
+        r = tl.rsqrt(tl.sum(sq, 1) / K + eps)
+        y = y * r[:, None]
+        up = up * r[:, None]
+    store_epilogue(out_ptr + ms[:, None] * N + rows[None, :], mm[:, None] & rm[None, :], y, up, x_ptr, EPILOGUE)
+
+
 # ---- the fused forward of 2-64 tokens (a verify pass, a token tree, a draft's catch-up) ---------------------------
 #
 # The same products for M <= MP tokens at once. Each program owns BN output rows, as above, and reads every weight
