@@ -65,8 +65,9 @@ def product_tiles(scheme: str, product: str, device_name: str) -> tuple[int, ...
         return kernels.gemv_config(kind, n, k, None, 1, scheme)
 
 
-def compile_product(scheme: str, product: str, config: tuple[int, ...]) -> dict:
-    """The one-token kernel of this product in these tiles, compiled for sm_90, and its loop's instructions."""
+def compile_product(scheme: str, product: str, config: tuple[int, ...], tokens: int = 1) -> dict:
+    """The kernel of this product in these tiles, compiled for sm_90, and its loop's instructions: the one-token
+    kernel, or for 2-8 tokens over packed weights `gemv_few` (padded to `tokens`, a power of two)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -76,12 +77,12 @@ def compile_product(scheme: str, product: str, config: tuple[int, ...]) -> dict:
     _, epilogue, n, k = PRODUCTS[product]
     bn, block_k, warps = config[:3]
     quant = {"none": 0, "int8": 1, "int4": 2}[scheme]
-    fn = triton_kernels.gemv
+    fn = triton_kernels.gemv if tokens == 1 else triton_kernels.gemv_few
     signature = {"x_ptr": "*bf16", "nw_ptr": "*bf16", "eps": "fp32", "w_ptr": CODES[scheme], "s_ptr": "*bf16",
-                 "z_ptr": "*bf16", "out_ptr": "*fp32" if epilogue == kernels.LOGITS else "*bf16", "N": "i32",
-                 "K": "i32"}
+                 "z_ptr": "*bf16", "out_ptr": "*fp32" if epilogue == kernels.LOGITS else "*bf16",
+                 **({} if tokens == 1 else {"M": "i32"}), "N": "i32", "K": "i32"}
     constants = dict(NORM=epilogue != kernels.ADD, EPILOGUE=epilogue, BN=bn, BLOCK_K=block_k, PDL=True, QUANT=quant,
-                     G=kernels.GROUP)
+                     G=kernels.GROUP, **({} if tokens == 1 else {"XD": 0, "MT": tokens}))
     signature.update({name: "constexpr" for name in constants})
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
                if name.endswith("_ptr") or name in ("N", "K")}  # as Triton specialises them at launch
@@ -97,7 +98,9 @@ def compile_product(scheme: str, product: str, config: tuple[int, ...]) -> dict:
     rows = bn * (2 if epilogue == kernels.SILU_MUL else 1)
     per_pass = rows * block_k / (32 * warps)  # weights one thread reads per pass of the loop
     registers = re.search(r"REG:(\d+)", usage)
-    return {"scheme": scheme, "product": product, "config": list(config), "loop_instructions": sum(body.values()),
+    stack = re.search(r"STACK:(\d+)", usage)
+    return {"scheme": scheme, "product": product, "config": list(config), "tokens": tokens,
+            "stack": int(stack.group(1)) if stack else None, "loop_instructions": sum(body.values()),
             "weights_per_thread": per_pass, "per_weight": sum(body.values()) / per_pass if body else None,
             "registers": int(registers.group(1)) if registers else None, "opcodes": dict(body.most_common())}
 

@@ -427,11 +427,16 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
 
 
 def few_tile(one_token: tuple[int, ...], tokens: int, quant: str) -> tuple[int, ...]:
-    """A 2-MAX_FEW_TOKENS-token product's tile over packed weights: the one-token tile's rows and warps, its columns
-    divided by the tokens' padded count (what a thread holds of a tile's products across the tokens stays the
-    one-token tile's), at least a whole int4 group or 16 int8 / fp8 inputs."""
+    """A 2-MAX_FEW_TOKENS-token product's tile over packed weights (`gemv_few`): the one-token tile, each token with
+    its own running sums in that tile's layouts; for int4 with half its columns, a quarter from 5 tokens (at least a
+    group): the floats of a tile's codes stay in registers while every token's sums take them. Compiled for sm_90
+    (benchmarks/kernel_mix.py), the 1B's gate/up in INT4_TILE's full width spilled at 2 tokens (200 bytes a
+    thread); in these, none does, at 6.2 / 9.9 / 21 instructions a weight for 2 / 4 / 8 tokens (int8 in its
+    one-token tile 10.6 / 14.6 / 22.3; one token 4.0 and 6.1)."""
     bn, block_k, warps = one_token[:3]
-    return bn, max(GROUP if quant == "int4" else 16, block_k // _pow2(tokens)), warps
+    if quant == "int4":
+        block_k = max(GROUP, block_k // max(2, _pow2(tokens) // 2))
+    return bn, block_k, warps
 
 
 # A packed head's one-token tile (int8, fp8; int4 since session 19 takes INT4_TILE) is bf16's, at least 256 columns

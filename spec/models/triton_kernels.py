@@ -219,13 +219,25 @@ def int4_words(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K: tl.constexpr, G: t
 
 
 @triton.jit
-def int4_input(x_ptr, nw_ptr, k0, K, J: tl.constexpr, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
+def token_at(at, m, M, K, XD: tl.constexpr):
+    """Where token m of M has its inputs `at`: x is [M, K] (XD = 0) or head-major [K // XD, M, XD] (the attention's
+    output, XD = head size)."""
+    if XD == 0:
+        return m * K + at
+    else:
+        return (at // XD) * (M * XD) + m * XD + at % XD
+
+
+@triton.jit
+def int4_input(x_ptr, nw_ptr, k0, K, J: tl.constexpr, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr,
+               m, M, XD: tl.constexpr):
     """The input of code J (0-3: byte J's low nibble, 4-7: byte J - 4's high nibble) of each word of a tile, [BLOCK_K
-    / 8] fp32: as read (for the norm's sum of squares) and times RMSNorm's weight with NORM."""
+    / 8] fp32, for token m of M (`token_at`; zeros past M): as read (for the norm's sum of squares) and times
+    RMSNorm's weight with NORM."""
     wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     at = (wi // (G // 8)) * G + (wi % (G // 8)) * 4 + J % 4 + (J // 4) * (G // 2)
-    ok = wi < K // 8
-    x = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    ok = (wi < K // 8) & (m < M)
+    x = tl.load(x_ptr + token_at(at, m, M, K, XD), mask=ok, other=0.0).to(tl.float32)
     xn = x
     if NORM:
         xn = x * tl.load(nw_ptr + at, mask=ok, other=0.0).to(tl.float32)
@@ -233,18 +245,19 @@ def int4_input(x_ptr, nw_ptr, k0, K, J: tl.constexpr, NORM: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
-    """One token's inputs for a tile of int4 words: each code's input (`int4_input`; the high nibbles' divided by
-    16), per group of the tile sum(x) and 264 sum(x_low) + 24 sum(x_high) (what the floats' 256 and 16, and the
-    codes' offset 8, add to a group's sum), and the running sum of squares ([BLOCK_K / 8])."""
-    r0, l0 = int4_input(x_ptr, nw_ptr, k0, K, 0, NORM, BLOCK_K, G)
-    r1, l1 = int4_input(x_ptr, nw_ptr, k0, K, 1, NORM, BLOCK_K, G)
-    r2, l2 = int4_input(x_ptr, nw_ptr, k0, K, 2, NORM, BLOCK_K, G)
-    r3, l3 = int4_input(x_ptr, nw_ptr, k0, K, 3, NORM, BLOCK_K, G)
-    r4, h0 = int4_input(x_ptr, nw_ptr, k0, K, 4, NORM, BLOCK_K, G)
-    r5, h1 = int4_input(x_ptr, nw_ptr, k0, K, 5, NORM, BLOCK_K, G)
-    r6, h2 = int4_input(x_ptr, nw_ptr, k0, K, 6, NORM, BLOCK_K, G)
-    r7, h3 = int4_input(x_ptr, nw_ptr, k0, K, 7, NORM, BLOCK_K, G)
+def int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr,
+                m, M, XD: tl.constexpr):
+    """Token m's inputs for a tile of int4 words (one token: m 0 of M 1): each code's input (`int4_input`; the high
+    nibbles' divided by 16), per group of the tile sum(x) and 264 sum(x_low) + 24 sum(x_high) (what the floats' 256
+    and 16, and the codes' offset 8, add to a group's sum), and the running sum of squares ([BLOCK_K / 8])."""
+    r0, l0 = int4_input(x_ptr, nw_ptr, k0, K, 0, NORM, BLOCK_K, G, m, M, XD)
+    r1, l1 = int4_input(x_ptr, nw_ptr, k0, K, 1, NORM, BLOCK_K, G, m, M, XD)
+    r2, l2 = int4_input(x_ptr, nw_ptr, k0, K, 2, NORM, BLOCK_K, G, m, M, XD)
+    r3, l3 = int4_input(x_ptr, nw_ptr, k0, K, 3, NORM, BLOCK_K, G, m, M, XD)
+    r4, h0 = int4_input(x_ptr, nw_ptr, k0, K, 4, NORM, BLOCK_K, G, m, M, XD)
+    r5, h1 = int4_input(x_ptr, nw_ptr, k0, K, 5, NORM, BLOCK_K, G, m, M, XD)
+    r6, h2 = int4_input(x_ptr, nw_ptr, k0, K, 6, NORM, BLOCK_K, G, m, M, XD)
+    r7, h3 = int4_input(x_ptr, nw_ptr, k0, K, 7, NORM, BLOCK_K, G, m, M, XD)
     if NORM:
         sq += r0 * r0 + r1 * r1 + r2 * r2 + r3 * r3 + r4 * r4 + r5 * r5 + r6 * r6 + r7 * r7
     low = l0 + l1 + l2 + l3
@@ -400,7 +413,8 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
         wb_next, sb_next, zb_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows_b, every, k0 + BLOCK_K, K, BLOCK_K,
                                                    QUANT, G)
         if QUANT == 2:
-            l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_inputs(h_ptr, nw_ptr, k0, K, sq, True, BLOCK_K, G)
+            l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_inputs(h_ptr, nw_ptr, k0, K, sq, True, BLOCK_K, G,
+                                                                            0, 1, 0)
             acc_a += int4_word_sums(wa, sa_, za, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
             acc_b += int4_word_sums(wb, sb_, zb, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
         else:
@@ -454,7 +468,8 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
             u_next, us_next, uz_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, k0 + BLOCK_K, K, BLOCK_K,
                                                       QUANT, G)
         if QUANT == 2:
-            l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM, BLOCK_K, G)
+            l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM, BLOCK_K, G,
+                                                                            0, 1, 0)
             acc += int4_word_sums(w, ws, wz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
             if EPILOGUE == 1:
                 acc_up += int4_word_sums(u, us, uz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
@@ -480,92 +495,111 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
 
 # ---- the fused forward of 2-8 tokens over packed weights (a draft's catch-up, a tree's frontier) -----------------
 #
-# The one-token kernel's loop with a token axis: each weight tile is read once, turned into floats once (int4's
-# words by `nibble_float`, int8 / fp8 by `as_float`) and multiplied into every token's inputs on the CUDA cores,
-# MT (2, 4 or 8) multiply-adds a weight. The tensor-core kernel below needs a tile of 16 tokens and de-quantised
-# operands laid out for the tensor cores, which cost the 1B's 2-16-token forwards 3.5-3.9 ms with int4 codes and
-# 1.9-2.1 with int8 on an H100 against 0.68 for a one-token step (benchmarks/h100/session19/).
+# The one-token kernel's loop, run for MT (2, 4 or 8) tokens over each weight tile it loads: every token has its
+# own running sums, in the one-token kernel's layouts (a [rows, groups] tile of int4 group sums, int8's / fp8's
+# products summed over runs of 16 inputs each thread holds), so the tile is read from memory once for all of them
+# and each token adds one multiply-add a weight on the CUDA cores. The tensor-core kernel below needs a tile of 16
+# tokens and de-quantised operands laid out for the tensor cores, which cost the 1B's 2-16-token forwards 3.5-3.9
+# ms with int4 codes and 1.9-2.1 with int8 on an H100 against 0.68 for a one-token step (benchmarks/h100/session19/).
+# (A first version with a token axis in its tiles, [MT, rows, inputs], took 1.6-4.8 ms: Triton laid those tiles
+# out anew every iteration.)
 
 
 @triton.jit
-def few_offsets(at, ms, M, K, XD: tl.constexpr):
-    """Where token m's input `at` lies, [MT, len(at)]: x is [M, K] (XD = 0) or head-major [K // XD, M, XD]."""
-    if XD == 0:
-        return ms[:, None] * K + at[None, :]
+def few_zeros(BN: tl.constexpr, BLOCK_K: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
+    """A token's running sums (a product's and the up projection's) and its inputs' running sum of squares."""
+    if QUANT == 2:
+        acc = tl.zeros([BN, BLOCK_K // G], tl.float32)
+        sq = tl.zeros([BLOCK_K // 8], tl.float32)
     else:
-        return (at[None, :] // XD) * (M * XD) + ms[:, None] * XD + at[None, :] % XD
+        acc = tl.zeros([BN, BLOCK_K // 16], tl.float32)
+        sq = tl.zeros([BLOCK_K], tl.float32)
+    return acc, acc, sq
 
 
 @triton.jit
-def few_input(x_ptr, nw_ptr, at, ok, ms, mm, M, K, XD: tl.constexpr, NORM: tl.constexpr):
-    """The tokens' inputs `at` ([MT, len(at)] fp32): as read (for the norm's sum of squares) and times RMSNorm's
-    weight with NORM."""
-    x = tl.load(x_ptr + few_offsets(at, ms, M, K, XD), mask=mm[:, None] & ok[None, :], other=0.0).to(tl.float32)
+def few_token(x_ptr, nw_ptr, k0, K, M, m, w, ws, wz, u, us, uz, acc, acc_up, sq, EPILOGUE: tl.constexpr,
+              XD: tl.constexpr, NORM: tl.constexpr, BLOCK_K: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
+    """Token m's share of a tile (nothing past the M tokens: their inputs load as zeros)."""
+    if QUANT == 2:
+        l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_few_inputs(x_ptr, nw_ptr, k0, K, sq, NORM, BLOCK_K,
+                                                                            G, m, M, XD)
+        acc += int4_word_sums(w, ws, wz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
+        if EPILOGUE == 1:
+            acc_up += int4_word_sums(u, us, uz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
+    else:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        ok = (ks < K) & (m < M)
+        x = tl.load(x_ptr + token_at(ks, m, M, K, XD), mask=ok, other=0.0).to(tl.float32)
+        if NORM:
+            sq += x * x
+            x = x * tl.load(nw_ptr + ks, mask=ok, other=0.0).to(tl.float32)
+        acc += run_sums(as_float(w) * x[None, :])
+        if EPILOGUE == 1:
+            acc_up += run_sums(as_float(u) * x[None, :])
+    return acc, acc_up, sq
+
+
+@triton.jit
+def int4_quad(x_ptr, nw_ptr, k0, K, HIGH: tl.constexpr, NORM: tl.constexpr, BLOCK_K: tl.constexpr,
+              G: tl.constexpr, m, M, XD: tl.constexpr):
+    """Token m's inputs of the four low (HIGH 0) or high codes of each word of a tile, [BLOCK_K / 8, 4] fp32, four
+    neighbouring inputs a word, read together: as read and times RMSNorm's weight with NORM."""
+    wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    at = ((wi // (G // 8)) * G + (wi % (G // 8)) * 4 + HIGH * (G // 2))[:, None] + tl.arange(0, 4)[None, :]
+    ok = ((wi < K // 8) & (m < M))[:, None]
+    x = tl.load(x_ptr + token_at(at, m, M, K, XD), mask=ok, other=0.0).to(tl.float32)
     xn = x
     if NORM:
-        xn = x * tl.load(nw_ptr + at, mask=ok, other=0.0).to(tl.float32)[None, :]
+        xn = x * tl.load(nw_ptr + at, mask=ok, other=0.0).to(tl.float32)
     return x, xn
 
 
 @triton.jit
-def int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, J: tl.constexpr, XD: tl.constexpr, NORM: tl.constexpr,
-                   BLOCK_K: tl.constexpr, G: tl.constexpr):
-    """`int4_input` for MT tokens: the input of code J of each word of a tile, [MT, BLOCK_K / 8]."""
-    wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-    at = (wi // (G // 8)) * G + (wi % (G // 8)) * 4 + J % 4 + (J // 4) * (G // 2)
-    return few_input(x_ptr, nw_ptr, at, wi < K // 8, ms, mm, M, K, XD, NORM)
+def quarters(v):
+    """[W, 4] -> its four columns, [W] each."""
+    even, odd = tl.split(tl.reshape(v, (v.shape[0], 2, 2)))  # columns 0, 2 and 1, 3
+    c0, c2 = tl.split(even)
+    c1, c3 = tl.split(odd)
+    return c0, c1, c2, c3
 
 
 @triton.jit
-def int4_few_inputs(x_ptr, nw_ptr, k0, K, ms, mm, M, sq, XD: tl.constexpr, NORM: tl.constexpr,
-                    BLOCK_K: tl.constexpr, G: tl.constexpr):
-    """`int4_inputs` for MT tokens: each code's inputs [MT, BLOCK_K / 8] (the high nibbles' divided by 16), per
-    token and group sum(x) and 264 sum(x_low) + 24 sum(x_high) [MT, BLOCK_K / G], the running sums of squares."""
-    r0, l0 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 0, XD, NORM, BLOCK_K, G)
-    r1, l1 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 1, XD, NORM, BLOCK_K, G)
-    r2, l2 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 2, XD, NORM, BLOCK_K, G)
-    r3, l3 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 3, XD, NORM, BLOCK_K, G)
-    r4, h0 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 4, XD, NORM, BLOCK_K, G)
-    r5, h1 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 5, XD, NORM, BLOCK_K, G)
-    r6, h2 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 6, XD, NORM, BLOCK_K, G)
-    r7, h3 = int4_few_input(x_ptr, nw_ptr, k0, K, ms, mm, M, 7, XD, NORM, BLOCK_K, G)
+def int4_few_inputs(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr,
+                    m, M, XD: tl.constexpr):
+    """`int4_inputs` for token m of a few: the same values, each word's four low and four high inputs read as two
+    vectors (`int4_quad`) rather than eight scalars, which a few tokens' loads would multiply."""
+    rl, low = int4_quad(x_ptr, nw_ptr, k0, K, 0, NORM, BLOCK_K, G, m, M, XD)
+    rh, high = int4_quad(x_ptr, nw_ptr, k0, K, 1, NORM, BLOCK_K, G, m, M, XD)
     if NORM:
-        sq += r0 * r0 + r1 * r1 + r2 * r2 + r3 * r3 + r4 * r4 + r5 * r5 + r6 * r6 + r7 * r7
-    low = l0 + l1 + l2 + l3
-    high = h0 + h1 + h2 + h3
+        sq += tl.sum(rl * rl + rh * rh, 1)
+    l0, l1, l2, l3 = quarters(low)
+    h0, h1, h2, h3 = quarters(high * 0.0625)
+    low_sum = tl.sum(low, 1)
+    high_sum = tl.sum(high, 1)
     groups: tl.constexpr = BLOCK_K // G
-    tokens: tl.constexpr = low.shape[0]
-    total = tl.sum(tl.reshape(low + high, (tokens, groups, G // 8)), 2)
-    offset = tl.sum(tl.reshape(264.0 * low + 24.0 * high, (tokens, groups, G // 8)), 2)
-    return l0, l1, l2, l3, h0 * 0.0625, h1 * 0.0625, h2 * 0.0625, h3 * 0.0625, total, offset, sq
+    total = tl.sum(tl.reshape(low_sum + high_sum, (groups, G // 8)), 1)
+    offset = tl.sum(tl.reshape(264.0 * low_sum + 24.0 * high_sum, (groups, G // 8)), 1)
+    return l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq
 
 
 @triton.jit
-def int4_few_sums(w, s, z, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G: tl.constexpr):
-    """`int4_word_sums` for MT tokens, [MT, rows, groups]: each word's codes become floats once, for every token."""
-    t = w << 15  # byte 0 to bits 15-22
-    a = nibble_float(t, 0)[None, :, :] * l0[:, None, :]
-    a = nibble_float(t, 1)[None, :, :] * h0[:, None, :] + a
-    t = w << 7  # byte 1
-    a = nibble_float(t, 0)[None, :, :] * l1[:, None, :] + a
-    a = nibble_float(t, 1)[None, :, :] * h1[:, None, :] + a
-    t = w >> 1  # byte 2
-    a = nibble_float(t, 0)[None, :, :] * l2[:, None, :] + a
-    a = nibble_float(t, 1)[None, :, :] * h2[:, None, :] + a
-    t = w >> 9  # byte 3
-    a = nibble_float(t, 0)[None, :, :] * l3[:, None, :] + a
-    a = nibble_float(t, 1)[None, :, :] * h3[:, None, :] + a
-    part = tl.sum(tl.reshape(a, (a.shape[0], w.shape[0], w.shape[1] // (G // 8), G // 8)), 3)
-    return (s.to(tl.float32)[None, :, :] * (part - offset[:, None, :])
-            + z.to(tl.float32)[None, :, :] * total[:, None, :])
+def run_sums(a):
+    """A tile's products [rows, inputs] summed over runs of 16 inputs, [rows, inputs / 16]."""
+    return tl.sum(tl.reshape(a, (a.shape[0], a.shape[1] // 16, 16)), 2)
 
 
 @triton.jit
-def few_sums(w, x, R: tl.constexpr):
-    """An int8 / fp8 tile's products with MT tokens' inputs x [MT, BLOCK_K], summed over runs of R inputs:
-    [MT, rows, BLOCK_K / R] (int8's row scales come after the whole sum)."""
-    a = as_float(w)[None, :, :] * x[:, None, :]
-    return tl.sum(tl.reshape(a, (x.shape[0], w.shape[0], w.shape[1] // R, R)), 3)
+def few_store(out_ptr, x_ptr, M, N, K, m, rows, rm, acc, acc_up, sq, rw, ru, eps, NORM: tl.constexpr,
+              EPILOGUE: tl.constexpr):
+    """Token m's row of out [M, N] (nothing past the M tokens)."""
+    y = tl.sum(acc, 1) * rw
+    up = tl.sum(acc_up, 1) * ru
+    if NORM:  # RMSNorm's scale, applied after the sum
+        r = tl.rsqrt(tl.sum(sq, 0) / K + eps)
+        y = y * r
+        up = up * r
+    store_epilogue(out_ptr + m * N + rows, rm & (m < M), y, up, x_ptr, EPILOGUE)
 
 
 @triton.jit
@@ -577,50 +611,55 @@ def gemv_few(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K,
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     rm = rows < N
-    ms = tl.arange(0, MT)
-    mm = ms < M
-    ks = tl.arange(0, BLOCK_K)
     w, ws, wz, u, us, uz = first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, 0, K, N, EPILOGUE, BLOCK_K, QUANT, G)
     rw = row_scales(s_ptr, rows, rm, QUANT)
     ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    R: tl.constexpr = 16 if BLOCK_K >= 16 else BLOCK_K
-    if QUANT == 2:
-        acc = tl.zeros([MT, BN, BLOCK_K // G], tl.float32)
-        sq = tl.zeros([MT, BLOCK_K // 8], tl.float32)
-    else:
-        acc = tl.zeros([MT, BN, BLOCK_K // R], tl.float32)
-        sq = tl.zeros([MT, BLOCK_K], tl.float32)
-    acc_up = acc
+    a0, b0, q0 = few_zeros(BN, BLOCK_K, QUANT, G)  # token m's: a (the product), b (the up projection), q (squares)
+    a1, b1, q1 = a0, b0, q0
+    a2, b2, q2 = a0, b0, q0
+    a3, b3, q3 = a0, b0, q0
+    a4, b4, q4 = a0, b0, q0
+    a5, b5, q5 = a0, b0, q0
+    a6, b6, q6 = a0, b0, q0
+    a7, b7, q7 = a0, b0, q0
     for k0 in range(0, K, BLOCK_K):
         w_next, ws_next, wz_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0 + BLOCK_K, K, BLOCK_K, QUANT, G)
         u_next, us_next, uz_next = w_next, ws_next, wz_next
         if EPILOGUE == 1:
             u_next, us_next, uz_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, k0 + BLOCK_K, K, BLOCK_K,
                                                       QUANT, G)
-        if QUANT == 2:
-            l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_few_inputs(x_ptr, nw_ptr, k0, K, ms, mm, M, sq,
-                                                                                XD, NORM, BLOCK_K, G)
-            acc += int4_few_sums(w, ws, wz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
-            if EPILOGUE == 1:
-                acc_up += int4_few_sums(u, us, uz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
-        else:
-            x, xn = few_input(x_ptr, nw_ptr, k0 + ks, k0 + ks < K, ms, mm, M, K, XD, NORM)
-            if NORM:
-                sq += x * x
-            acc += few_sums(w, xn, R)
-            if EPILOGUE == 1:
-                acc_up += few_sums(u, xn, R)
+        a0, b0, q0 = few_token(x_ptr, nw_ptr, k0, K, M, 0, w, ws, wz, u, us, uz, a0, b0, q0, EPILOGUE, XD,
+                               NORM, BLOCK_K, QUANT, G)
+        a1, b1, q1 = few_token(x_ptr, nw_ptr, k0, K, M, 1, w, ws, wz, u, us, uz, a1, b1, q1, EPILOGUE, XD,
+                               NORM, BLOCK_K, QUANT, G)
+        if MT > 2:
+            a2, b2, q2 = few_token(x_ptr, nw_ptr, k0, K, M, 2, w, ws, wz, u, us, uz, a2, b2, q2, EPILOGUE, XD,
+                                   NORM, BLOCK_K, QUANT, G)
+            a3, b3, q3 = few_token(x_ptr, nw_ptr, k0, K, M, 3, w, ws, wz, u, us, uz, a3, b3, q3, EPILOGUE, XD,
+                                   NORM, BLOCK_K, QUANT, G)
+        if MT > 4:
+            a4, b4, q4 = few_token(x_ptr, nw_ptr, k0, K, M, 4, w, ws, wz, u, us, uz, a4, b4, q4, EPILOGUE, XD,
+                                   NORM, BLOCK_K, QUANT, G)
+            a5, b5, q5 = few_token(x_ptr, nw_ptr, k0, K, M, 5, w, ws, wz, u, us, uz, a5, b5, q5, EPILOGUE, XD,
+                                   NORM, BLOCK_K, QUANT, G)
+            a6, b6, q6 = few_token(x_ptr, nw_ptr, k0, K, M, 6, w, ws, wz, u, us, uz, a6, b6, q6, EPILOGUE, XD,
+                                   NORM, BLOCK_K, QUANT, G)
+            a7, b7, q7 = few_token(x_ptr, nw_ptr, k0, K, M, 7, w, ws, wz, u, us, uz, a7, b7, q7, EPILOGUE, XD,
+                                   NORM, BLOCK_K, QUANT, G)
         w, ws, wz = w_next, ws_next, wz_next
         u, us, uz = u_next, us_next, uz_next
-    y = tl.sum(acc, 2) * rw[None, :]  # [MT, BN]
-    up = tl.sum(acc_up, 2) * ru[None, :]
-    if NORM:  # RMSNorm's scale, per token, applied after the sum
-        r = tl.rsqrt(tl.sum(sq, 1) / K + eps)
-        y = y * r[:, None]
-        up = up * r[:, None]
-    store_epilogue(out_ptr + ms[:, None] * N + rows[None, :], mm[:, None] & rm[None, :], y, up, x_ptr, EPILOGUE)
+    few_store(out_ptr, x_ptr, M, N, K, 0, rows, rm, a0, b0, q0, rw, ru, eps, NORM, EPILOGUE)
+    few_store(out_ptr, x_ptr, M, N, K, 1, rows, rm, a1, b1, q1, rw, ru, eps, NORM, EPILOGUE)
+    if MT > 2:
+        few_store(out_ptr, x_ptr, M, N, K, 2, rows, rm, a2, b2, q2, rw, ru, eps, NORM, EPILOGUE)
+        few_store(out_ptr, x_ptr, M, N, K, 3, rows, rm, a3, b3, q3, rw, ru, eps, NORM, EPILOGUE)
+    if MT > 4:
+        few_store(out_ptr, x_ptr, M, N, K, 4, rows, rm, a4, b4, q4, rw, ru, eps, NORM, EPILOGUE)
+        few_store(out_ptr, x_ptr, M, N, K, 5, rows, rm, a5, b5, q5, rw, ru, eps, NORM, EPILOGUE)
+        few_store(out_ptr, x_ptr, M, N, K, 6, rows, rm, a6, b6, q6, rw, ru, eps, NORM, EPILOGUE)
+        few_store(out_ptr, x_ptr, M, N, K, 7, rows, rm, a7, b7, q7, rw, ru, eps, NORM, EPILOGUE)
 
 
 # ---- the fused forward of 2-64 tokens (a verify pass, a token tree, a draft's catch-up) ---------------------------
