@@ -279,7 +279,7 @@ def test_quantized_fused_kernels_in_tritons_interpreter():
 
 
 def check_int4_products(device: str) -> None:
-    """The int4 products of one token (the word kernel, `triton_kernels.int4_word_sums`) and of 2-8 tokens
+    """The int4 products of one token (the word kernel, `triton_kernels.int4_word_sums`) and of 2-4 tokens
     (`gemv_few`, the same words for every token; 3 tokens padded to 4, the o product's head-major inputs) against
     the weights the codes stand for, in float64, for each epilogue, in tiles of one and of several iterations (64
     inputs a tile over 192: the next tile's prefetch, the groups' addresses past the first tile, the sums across
@@ -297,7 +297,7 @@ def check_int4_products(device: str) -> None:
     cases = ((kernels.ADD, 64, 192, (16, 64, 4)), (kernels.ADD, 48, 128, (16, 1024, 4)),
              (kernels.LOGITS, 300, 192, (16, 64, 4)), (kernels.SILU_MUL, 96, 192, (16, 64, 4)),
              (kernels.SILU_MUL, 96, 128, (8, 256, 4)))
-    for (epilogue, n, k, config), tokens in [(case, m) for case in cases for m in (1, 3)] + [(cases[3], 8)]:
+    for (epilogue, n, k, config), tokens in [(case, m) for case in cases for m in (1, 3)] + [(cases[3], 2)]:
         rows = 2 * n if epilogue == kernels.SILU_MUL else n
         packed = pack_for_kernels(torch.randn(rows, k, generator=gen).to(device), "int4")
         halves = packed.codes.cpu().view(rows, -1, GROUP // 2)  # the weights the codes stand for, in float64
@@ -547,9 +547,18 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
         assert kernels.gemv_config("logits", 300, 128, quant="int4") == (16, 256, 4)
         assert kernels.gemv_config("add", 2048, 8192, quant="int4") == (8, 4096, 8)  # o, down: bf16's bytes
         assert kernels.gemv_config("qkv", 32, 2048, quant="int4") == (2, 2048, 4)  # q/k/v: the bf16 tile's bytes
-        # 2-16 tokens: a packed head keeps the plain width's tiles
+        # 5-16 tokens: a packed head keeps the plain width's tiles
         assert kernels.gemv_config("logits", 128256, 4096, tokens=9, quant="int4") == \
             kernels.gemv_config("logits", 128256, 4096, tokens=9)
+        # 2-4 tokens over packed weights (gemv_few): the one-token tile, int4's with half its columns
+        assert kernels.gemv_config("silu_mul", 8192, 2048, tokens=2, quant="int4") == (16, 512, 4)
+        assert kernels.gemv_config("add", 2048, 8192, tokens=4, quant="int4") == (8, 2048, 8)
+        assert kernels.gemv_config("add", 2048, 8192, tokens=3, quant="int8") == \
+            kernels.gemv_config("add", 2048, 8192, quant="int8")
+        assert kernels.gemv_config("silu_mul", 8192, 2048, tokens=5, quant="int4") == \
+            kernels.gemv_config("silu_mul", 8192, 2048, tokens=5)  # past MAX_FEW_TOKENS: the tensor cores' tiles
+    with pytest.raises(ValueError, match="2-4 tokens"):
+        kernels.few_tile((16, 1024, 4), 5, "int4")
     assert kernels.fit_shared_memory((16, 256, 2, 6), 2, 1, 64) == (16, 256, 2, 4)  # 6 x 80 x 256 x 2 B > 180 KB
     with pytest.raises(ValueError, match="at most 64"):
         kernels.tile_tokens(65)
@@ -568,8 +577,8 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
         kernels._tuned.cache_clear()
     # Tree widths and packed weights are tuned apart; where they are not, the plain entry is fitted to them.
     assert [kernels.tuned_kind("add", t, q) for t, q in ((1, "none"), (9, "none"), (17, "none"), (64, "int4"),
-                                                          (1, "int8"))] == \
-        ["add", "add_rows", "add_rows32", "add_rows64@int4", "add@int8"]
+                                                          (1, "int8"), (2, "int4"), (2, "none"), (5, "int8"))] == \
+        ["add", "add_rows", "add_rows32", "add_rows64@int4", "add@int8", "add_few@int4", "add_rows", "add_rows@int8"]
     path.write_text('{"configs": [{"kind": "add", "n": 4096, "k": 4096, "bn": 2, "block_k": 128, "warps": 4},'
                     ' {"kind": "add_rows", "n": 4096, "k": 4096, "bn": 64, "block_k": 64, "warps": 4, "stages": 3},'
                     ' {"kind": "add_rows64", "n": 4096, "k": 4096, "bn": 32, "block_k": 32, "warps": 8, "stages": 2},'

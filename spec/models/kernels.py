@@ -244,14 +244,17 @@ def _(q, k_cache, v_cache, pos, span, n_tokens, scale, pdl=False, tree=None):
 # The same wrappers take 2-64 tokens ([M, K] inputs) for a fused verify (up to 16; a token tree's, up to 64):
 # tensor-core products with the tokens padded to 16, 32 or 64 columns (gemv_rows), q/k/v as a product into fp32 and
 # a rotary kernel a head (rope_rows). Their tiles add a software-pipelining depth and are tuned apart (kinds
-# "<kind>_rows", at 9 tokens; past 16 tokens "<kind>_rows32" and "_rows64", or WIDE_TILES).
+# "<kind>_rows", at 9 tokens; past 16 tokens "<kind>_rows32" and "_rows64", or WIDE_TILES). Over packed weights,
+# 2-MAX_FEW_TOKENS tokens instead run the one-token kernel's loop for each token over each tile it loads (gemv_few,
+# "<kind>_few@<format>", else `few_tile`).
 
 ADD, SILU_MUL, LOGITS, RAW = 0, 1, 2, 3
 MAX_FUSED_TOKENS = 16  # tokens a verify or a prompt's chunk takes at once: the width of one tensor-core tile
-# Up to this many tokens, products over packed weights run on the CUDA cores (`gemv_few`, `few_tile`);
-# SPARK_SPEC_FEW_TOKENS=0, read when this module is imported, sends them to the tensor-core kernel instead (how a
-# benchmark measures what it gives).
-MAX_FEW_TOKENS = 0 if os.environ.get("SPARK_SPEC_FEW_TOKENS") == "0" else 8
+# Up to this many tokens (a draft's catch-up, a small tree's frontier), products over packed weights run on the CUDA
+# cores (`gemv_few`, `few_tile`): 2.4x / 3.5x faster than the tensor cores for the 1B's int8 / int4 2-token forward
+# on an H100, 1.3x / 1.8x at 4, slower past 4 (benchmarks/h100/session20/). SPARK_SPEC_FEW_TOKENS=0, read when this
+# module is imported, sends them to the tensor-core kernel instead (how a benchmark measures what it gives).
+MAX_FEW_TOKENS = 0 if os.environ.get("SPARK_SPEC_FEW_TOKENS") == "0" else 4
 MAX_KERNEL_TOKENS = 64  # the most one fused forward takes (a token tree's verify): tiles of 16, 32 or 64 tokens
 
 # Tuned (rows per program, columns per iteration, warps) per GPU and product, keyed (kind, N, K) with kind one of
@@ -428,14 +431,15 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
 
 def few_tile(one_token: tuple[int, ...], tokens: int, quant: str) -> tuple[int, ...]:
     """A 2-MAX_FEW_TOKENS-token product's tile over packed weights (`gemv_few`): the one-token tile, each token with
-    its own running sums in that tile's layouts; for int4 with half its columns, a quarter from 5 tokens (at least a
-    group): the floats of a tile's codes stay in registers while every token's sums take them. Compiled for sm_90
-    (benchmarks/kernel_mix.py), the 1B's gate/up in INT4_TILE's full width spilled at 2 tokens (200 bytes a
-    thread); in these, none does, at 6.2 / 9.9 / 21 instructions a weight for 2 / 4 / 8 tokens (int8 in its
-    one-token tile 10.6 / 14.6 / 22.3; one token 4.0 and 6.1)."""
+    its own running sums in that tile's layouts; for int4 with half its columns (at least a group): the floats of a
+    tile's codes stay in registers while every token's sums take them. Compiled for sm_90 (benchmarks/kernel_mix.py),
+    the 1B's gate/up in INT4_TILE's full width spilled at 2 tokens (200 bytes a thread); halved, it does not, at 6.2
+    / 9.9 instructions a weight for 2 / 4 tokens (int8 in its one-token tile 10.6 / 14.6; one token 4.0 and 6.1)."""
+    if not 1 < tokens <= MAX_FEW_TOKENS:
+        raise ValueError(f"gemv_few takes 2-{MAX_FEW_TOKENS} tokens, not {tokens}")
     bn, block_k, warps = one_token[:3]
     if quant == "int4":
-        block_k = max(GROUP, block_k // max(2, _pow2(tokens) // 2))
+        block_k = max(GROUP, block_k // 2)
     return bn, block_k, warps
 
 
@@ -528,7 +532,8 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     (out += y), SILU_MUL (the weight holds gate then up, N rows each: out = SiLU(gate) * up), LOGITS (out fp32 =
     y, rounded to the model's dtype) or RAW (2-64 tokens: out fp32 = y, unrounded, for rope_rows). With
     `norm_weight`, x is RMS-normalised first. `head_major` = D reads x as [K // D, M, D] (the attention's output)
-    instead of [M, K]. M <= MAX_KERNEL_TOKENS."""
+    instead of [M, K]. M <= MAX_KERNEL_TOKENS: one token in `gemv`, 2-MAX_FEW_TOKENS over packed weights in
+    `gemv_few`, the rest in the tensor-core `gemv_rows`."""
     n = weight.shape[0] // (2 if epilogue == SILU_MUL else 1)
     k = weight.shape[1]
     tokens = x.numel() // k

@@ -89,7 +89,9 @@ def auto_quant(model, fused_kernels: bool) -> tuple[str, str]:
       draft on an H100 1.30x / 1.21x plain on code / short against bf16's 1.18x / 1.06x; on an H200 no better and
       no worse (1.18x / 1.12x against 1.19x / 1.06x in session 14, 1.22x against 1.24x on code in session 16: that
       0.5B is latency-bound there); the 1B draft's step 0.73-0.74 ms against 0.88-1.06 in bf16 (H200, H100). int4's
-      de-quantising in registers costs a one-token product on a fast GPU more than its bytes save (0.76-0.78 ms);
+      de-quantising in registers costs a one-token product on a fast GPU more than its bytes save (0.76-0.78 ms;
+      since session 19's word kernel 0.67, as int8); on the real pair with 2-4-token forwards on the CUDA cores
+      (session 20, one H100, code, K = 4) int8 1.56x plain, int4 1.37x;
     - elsewhere (MPS; the eager backend on CUDA, whose steps are launch-bound, so fewer bytes buy nothing): none."""
     weight = next(model.parameters())
     if fused_kernels and weight.dtype in (torch.bfloat16, torch.float16):

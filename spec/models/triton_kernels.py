@@ -493,16 +493,19 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
     store_epilogue(out_ptr + rows, rm, y, up, x_ptr, EPILOGUE)
 
 
-# ---- the fused forward of 2-8 tokens over packed weights (a draft's catch-up, a tree's frontier) -----------------
+# ---- the fused forward of 2-4 tokens over packed weights (a draft's catch-up, a tree's frontier) -----------------
 #
-# The one-token kernel's loop, run for MT (2, 4 or 8) tokens over each weight tile it loads: every token has its
+# The one-token kernel's loop, run for MT (2 or 4) tokens over each weight tile it loads: every token has its
 # own running sums, in the one-token kernel's layouts (a [rows, groups] tile of int4 group sums, int8's / fp8's
 # products summed over runs of 16 inputs each thread holds), so the tile is read from memory once for all of them
 # and each token adds one multiply-add a weight on the CUDA cores. The tensor-core kernel below needs a tile of 16
 # tokens and de-quantised operands laid out for the tensor cores, which cost the 1B's 2-16-token forwards 3.5-3.9
 # ms with int4 codes and 1.9-2.1 with int8 on an H100 against 0.68 for a one-token step (benchmarks/h100/session19/).
-# (A first version with a token axis in its tiles, [MT, rows, inputs], took 1.6-4.8 ms: Triton laid those tiles
-# out anew every iteration.)
+# With it (H100, session 20, benchmarks/h100/session20/): the 1B's int8 / int4 forward of 2 tokens 0.89 / 1.07 ms
+# against 2.10 / 3.77 on the tensor cores, of 4 tokens 1.57 / 2.07 against 2.03 / 3.65; of 5-8 (padded to 8) it took
+# 2.7-2.9 / 3.9-4.3 against 2.0 / 3.6, so past 4 tokens the tensor cores take them (kernels.MAX_FEW_TOKENS). (A
+# first version with a token axis in its tiles, [MT, rows, inputs], took 1.6-16 ms: Triton laid those tiles out anew
+# every iteration.)
 
 
 @triton.jit
@@ -606,7 +609,9 @@ def few_store(out_ptr, x_ptr, M, N, K, m, rows, rm, acc, acc_up, sq, rw, ru, eps
 def gemv_few(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K,
              NORM: tl.constexpr, EPILOGUE: tl.constexpr, XD: tl.constexpr, BN: tl.constexpr, BLOCK_K: tl.constexpr,
              MT: tl.constexpr, PDL: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
-    """`gemv` for M <= MT tokens over packed weights (QUANT 1 or 2): out [M, N] as `gemv_rows` writes it."""
+    """`gemv` for M <= MT tokens (MT 2 or 4) over packed weights (QUANT 1 or 2): out [M, N] as `gemv_rows` writes
+    it."""
+    tl.static_assert((MT == 2) | (MT == 4))
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -620,10 +625,6 @@ def gemv_few(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K,
     a1, b1, q1 = a0, b0, q0
     a2, b2, q2 = a0, b0, q0
     a3, b3, q3 = a0, b0, q0
-    a4, b4, q4 = a0, b0, q0
-    a5, b5, q5 = a0, b0, q0
-    a6, b6, q6 = a0, b0, q0
-    a7, b7, q7 = a0, b0, q0
     for k0 in range(0, K, BLOCK_K):
         w_next, ws_next, wz_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0 + BLOCK_K, K, BLOCK_K, QUANT, G)
         u_next, us_next, uz_next = w_next, ws_next, wz_next
@@ -639,15 +640,6 @@ def gemv_few(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K,
                                    NORM, BLOCK_K, QUANT, G)
             a3, b3, q3 = few_token(x_ptr, nw_ptr, k0, K, M, 3, w, ws, wz, u, us, uz, a3, b3, q3, EPILOGUE, XD,
                                    NORM, BLOCK_K, QUANT, G)
-        if MT > 4:
-            a4, b4, q4 = few_token(x_ptr, nw_ptr, k0, K, M, 4, w, ws, wz, u, us, uz, a4, b4, q4, EPILOGUE, XD,
-                                   NORM, BLOCK_K, QUANT, G)
-            a5, b5, q5 = few_token(x_ptr, nw_ptr, k0, K, M, 5, w, ws, wz, u, us, uz, a5, b5, q5, EPILOGUE, XD,
-                                   NORM, BLOCK_K, QUANT, G)
-            a6, b6, q6 = few_token(x_ptr, nw_ptr, k0, K, M, 6, w, ws, wz, u, us, uz, a6, b6, q6, EPILOGUE, XD,
-                                   NORM, BLOCK_K, QUANT, G)
-            a7, b7, q7 = few_token(x_ptr, nw_ptr, k0, K, M, 7, w, ws, wz, u, us, uz, a7, b7, q7, EPILOGUE, XD,
-                                   NORM, BLOCK_K, QUANT, G)
         w, ws, wz = w_next, ws_next, wz_next
         u, us, uz = u_next, us_next, uz_next
     few_store(out_ptr, x_ptr, M, N, K, 0, rows, rm, a0, b0, q0, rw, ru, eps, NORM, EPILOGUE)
@@ -655,11 +647,6 @@ def gemv_few(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K,
     if MT > 2:
         few_store(out_ptr, x_ptr, M, N, K, 2, rows, rm, a2, b2, q2, rw, ru, eps, NORM, EPILOGUE)
         few_store(out_ptr, x_ptr, M, N, K, 3, rows, rm, a3, b3, q3, rw, ru, eps, NORM, EPILOGUE)
-    if MT > 4:
-        few_store(out_ptr, x_ptr, M, N, K, 4, rows, rm, a4, b4, q4, rw, ru, eps, NORM, EPILOGUE)
-        few_store(out_ptr, x_ptr, M, N, K, 5, rows, rm, a5, b5, q5, rw, ru, eps, NORM, EPILOGUE)
-        few_store(out_ptr, x_ptr, M, N, K, 6, rows, rm, a6, b6, q6, rw, ru, eps, NORM, EPILOGUE)
-        few_store(out_ptr, x_ptr, M, N, K, 7, rows, rm, a7, b7, q7, rw, ru, eps, NORM, EPILOGUE)
 
 
 # ---- the fused forward of 2-64 tokens (a verify pass, a token tree, a draft's catch-up) ---------------------------
