@@ -229,15 +229,13 @@ def token_at(at, m, M, K, XD: tl.constexpr):
 
 
 @triton.jit
-def int4_input(x_ptr, nw_ptr, k0, K, J: tl.constexpr, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr,
-               m, M, XD: tl.constexpr):
+def int4_input(x_ptr, nw_ptr, k0, K, J: tl.constexpr, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
     """The input of code J (0-3: byte J's low nibble, 4-7: byte J - 4's high nibble) of each word of a tile, [BLOCK_K
-    / 8] fp32, for token m of M (`token_at`; zeros past M): as read (for the norm's sum of squares) and times
-    RMSNorm's weight with NORM."""
+    / 8] fp32: as read (for the norm's sum of squares) and times RMSNorm's weight with NORM."""
     wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     at = (wi // (G // 8)) * G + (wi % (G // 8)) * 4 + J % 4 + (J // 4) * (G // 2)
-    ok = (wi < K // 8) & (m < M)
-    x = tl.load(x_ptr + token_at(at, m, M, K, XD), mask=ok, other=0.0).to(tl.float32)
+    ok = wi < K // 8
+    x = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
     xn = x
     if NORM:
         xn = x * tl.load(nw_ptr + at, mask=ok, other=0.0).to(tl.float32)
@@ -245,19 +243,18 @@ def int4_input(x_ptr, nw_ptr, k0, K, J: tl.constexpr, NORM: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr,
-                m, M, XD: tl.constexpr):
-    """Token m's inputs for a tile of int4 words (one token: m 0 of M 1): each code's input (`int4_input`; the high
-    nibbles' divided by 16), per group of the tile sum(x) and 264 sum(x_low) + 24 sum(x_high) (what the floats' 256
-    and 16, and the codes' offset 8, add to a group's sum), and the running sum of squares ([BLOCK_K / 8])."""
-    r0, l0 = int4_input(x_ptr, nw_ptr, k0, K, 0, NORM, BLOCK_K, G, m, M, XD)
-    r1, l1 = int4_input(x_ptr, nw_ptr, k0, K, 1, NORM, BLOCK_K, G, m, M, XD)
-    r2, l2 = int4_input(x_ptr, nw_ptr, k0, K, 2, NORM, BLOCK_K, G, m, M, XD)
-    r3, l3 = int4_input(x_ptr, nw_ptr, k0, K, 3, NORM, BLOCK_K, G, m, M, XD)
-    r4, h0 = int4_input(x_ptr, nw_ptr, k0, K, 4, NORM, BLOCK_K, G, m, M, XD)
-    r5, h1 = int4_input(x_ptr, nw_ptr, k0, K, 5, NORM, BLOCK_K, G, m, M, XD)
-    r6, h2 = int4_input(x_ptr, nw_ptr, k0, K, 6, NORM, BLOCK_K, G, m, M, XD)
-    r7, h3 = int4_input(x_ptr, nw_ptr, k0, K, 7, NORM, BLOCK_K, G, m, M, XD)
+def int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
+    """One token's inputs for a tile of int4 words: each code's input (`int4_input`; the high nibbles' divided by
+    16), per group of the tile sum(x) and 264 sum(x_low) + 24 sum(x_high) (what the floats' 256 and 16, and the
+    codes' offset 8, add to a group's sum), and the running sum of squares ([BLOCK_K / 8])."""
+    r0, l0 = int4_input(x_ptr, nw_ptr, k0, K, 0, NORM, BLOCK_K, G)
+    r1, l1 = int4_input(x_ptr, nw_ptr, k0, K, 1, NORM, BLOCK_K, G)
+    r2, l2 = int4_input(x_ptr, nw_ptr, k0, K, 2, NORM, BLOCK_K, G)
+    r3, l3 = int4_input(x_ptr, nw_ptr, k0, K, 3, NORM, BLOCK_K, G)
+    r4, h0 = int4_input(x_ptr, nw_ptr, k0, K, 4, NORM, BLOCK_K, G)
+    r5, h1 = int4_input(x_ptr, nw_ptr, k0, K, 5, NORM, BLOCK_K, G)
+    r6, h2 = int4_input(x_ptr, nw_ptr, k0, K, 6, NORM, BLOCK_K, G)
+    r7, h3 = int4_input(x_ptr, nw_ptr, k0, K, 7, NORM, BLOCK_K, G)
     if NORM:
         sq += r0 * r0 + r1 * r1 + r2 * r2 + r3 * r3 + r4 * r4 + r5 * r5 + r6 * r6 + r7 * r7
     low = l0 + l1 + l2 + l3
@@ -413,8 +410,7 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
         wb_next, sb_next, zb_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows_b, every, k0 + BLOCK_K, K, BLOCK_K,
                                                    QUANT, G)
         if QUANT == 2:
-            l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_inputs(h_ptr, nw_ptr, k0, K, sq, True, BLOCK_K, G,
-                                                                            0, 1, 0)
+            l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_inputs(h_ptr, nw_ptr, k0, K, sq, True, BLOCK_K, G)
             acc_a += int4_word_sums(wa, sa_, za, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
             acc_b += int4_word_sums(wb, sb_, zb, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
         else:
@@ -468,8 +464,7 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
             u_next, us_next, uz_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, k0 + BLOCK_K, K, BLOCK_K,
                                                       QUANT, G)
         if QUANT == 2:
-            l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM, BLOCK_K, G,
-                                                                            0, 1, 0)
+            l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM, BLOCK_K, G)
             acc += int4_word_sums(w, ws, wz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
             if EPILOGUE == 1:
                 acc_up += int4_word_sums(u, us, uz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
