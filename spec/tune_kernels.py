@@ -80,9 +80,10 @@ def candidates(kind: str, n: int, tokens: int = 1, quant: str = "none") -> list[
     token; packed weights up to 4x as many, their bytes a bf16 tile's); for 2-16 tokens, tensor-core tiles of 16-128
     rows by 64-256 columns, a warp per 16 or 32 rows, and 3-6 pipeline stages of at most 160 KB; for a tree's 17-64
     tokens, 16-64 rows by 64-128 columns, 2-4 stages, the tokens' input tile counted in the 160 KB. int4 tiles hold
-    32-128 columns (whole groups) past one token."""
+    32-128 columns (whole groups) past one token. Packed weights' 2-MAX_FEW_TOKENS-token products (`gemv_few`) take
+    one-token tiles."""
     weights = 2 if kind == "silu_mul" else 1
-    if tokens > 1:
+    if tokens > 1 and not (tokens <= kernels.MAX_FEW_TOKENS and quant != "none"):
         mp = kernels.tile_tokens(tokens)
         if mp > kernels.MAX_FUSED_TOKENS:  # a tree's: 16-64 rows by 64-128 columns (int4 from a group), 4 or 8 warps
             return [(bn, block_k, warps, stages) for bn in (16, 32, 64)

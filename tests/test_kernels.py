@@ -619,6 +619,8 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
             assert 16 <= bn <= 64 and block_k >= 32 and stages <= 4
             assert stages * (bn * (2 if kind == "silu_mul" else 1) + 64) * block_k * 2 <= 160 * 1024
         assert max(c[1] for c in tune_kernels.candidates(kind, n, tokens=9, quant="int4")) <= 128  # whole groups
+        assert tune_kernels.candidates(kind, n, tokens=3, quant="int8") == tune_kernels.candidates(kind, n,
+                                                                                                  quant="int8")
         wider = tune_kernels.candidates(kind, n, quant="int4")  # packed: up to 4x the columns of a bf16 tile
         assert set(configs) <= set(wider) and max(c[1] for c in wider) > max(c[1] for c in configs)
 
