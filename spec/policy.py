@@ -345,6 +345,11 @@ class SlotHazards:
         return 1 - stay
 
 
+def is_tree(rnd: Round) -> bool:
+    """Whether a round drafted a tree: more nodes than draft forwards (a chain's forwards each add one node)."""
+    return rnd.drafted > len(rnd.forwards) > 0
+
+
 class TreePolicy:
     """Chooses each round's token tree — a static shape, a chain, or K = 0 — to maximise predicted tokens per second,
     from running estimates of what the rounds it observes show (pass it as `k=` to spec.loop.speculate with a
@@ -357,7 +362,10 @@ class TreePolicy:
       shape's prediction counts the catch-up its full rounds cause (`calc.tree_round_cost`'s `full`).
     - Verify cost: a target forward over n tokens costs a_v + b_v n seconds, fitted to each round's verify time (the
       forward and the rule) against the tokens it read; n = 1 is a plain step, the unit of `calc.tree_round_cost`.
-    - Overhead: the rest of a round (bookkeeping, the caches' compaction), a decayed mean per round.
+    - Overhead: the rest of a round (bookkeeping, the caches' compaction), a decayed mean per round, one for chains
+      (and plain steps) and one for trees, which pay more of it (their masks, the compaction of a scattered path: on
+      an H100 a tree round took 0.13-0.20 target steps more than its forwards beyond a chain's, session 20's
+      tree_sweep fits); until a tree round has been seen, a tree is charged a chain's.
 
     Every round it predicts every shape of `calc.tree_shapes(max_nodes, max_depth)` (branching at most 4,
     non-increasing) and a plain step, and picks the fastest; a tree must beat plain decoding to be chosen, and ties
@@ -382,7 +390,8 @@ class TreePolicy:
         self.hazards = SlotHazards(memory, prior)
         self.draft = LineFit(memory)  # seconds = a_d forwards + b_d tokens
         self.verify = LineFit(memory)  # seconds = a_v + b_v tokens
-        self.overhead = Decayed(memory)
+        self.overhead = Decayed(memory)  # a chain's round (or a plain step's), seconds
+        self.tree_overhead = Decayed(memory)  # a tree's round
         self._boot = [(1,), 0, (2, 1) if max_depth > 1 and max_nodes >= 3 else (min(2, max_nodes),)]
         self._asked = False  # next_k was called since the last round observed (a round it did not choose: False)
         self._lag = 0  # tokens plain rounds emitted since the drafter last ran (its next forward reads them)
@@ -393,9 +402,9 @@ class TreePolicy:
     def reads_prompt(self, prompt_tokens: int) -> bool:
         return True
 
-    def costs(self) -> tuple[dict, dict, float] | None:
-        """(draft forward of w tokens, target forward of n tokens, overhead a round), in target steps (a target
-        forward of 1 token), or None until both kinds of forward have been timed."""
+    def costs(self) -> tuple[dict, dict, float, float] | None:
+        """(draft forward of w tokens, target forward of n tokens, overhead a chain's round, overhead a tree's), in
+        target steps (a target forward of 1 token), or None until both kinds of forward have been timed."""
         draft, verify = self.draft.coef(), self.verify.coef()
         if draft is None or verify is None or self.overhead.value is None or verify[0] + verify[1] <= 0:
             return None
@@ -403,21 +412,23 @@ class TreePolicy:
         widest = max(2, *(max(widths(shape)[:-1], default=1) for shape in self.shapes))  # 2: the catch-up
         draft_cost = {w: (draft[0] + draft[1] * w) / step for w in range(1, widest + 1)}
         verify_cost = {n: (verify[0] + verify[1] * n) / step for n in range(1, MAX_NODES + 2)}
-        return draft_cost, verify_cost, self.overhead.value / step
+        tree_overhead = self.tree_overhead.value if self.tree_overhead.value is not None else self.overhead.value
+        return draft_cost, verify_cost, self.overhead.value / step, tree_overhead / step
 
     def snapshot(self) -> dict:
         """The cost estimates in target steps (a draft forward of 1 / 2 / 4 tokens, a target forward of 1 / 5 / 17
         tokens, the overhead a round; None until timed), a chain's acceptance per depth (the top child taken), and the
         shape they choose: for reports."""
         costs = self.costs()
-        out = {"draft_cost": None, "verify_cost": None, "overhead": None, "choice": None, "predicted": None,
+        out = {"draft_cost": None, "verify_cost": None, "overhead": None, "tree_overhead": None, "choice": None,
+               "predicted": None,
                "chain_acceptance_by_depth": [round(self.hazards.leave(d, 1), 4) for d in range(1, self.max_k + 1)]}
         if costs is not None:
-            draft_cost, verify_cost, overhead = costs
+            draft_cost, verify_cost, overhead, tree_overhead = costs
             shape, predicted = self.choice()
             out.update(draft_cost={w: draft_cost[w] for w in (1, 2, 4) if w in draft_cost},
                        verify_cost={n: verify_cost[n] for n in (1, 5, 17) if n in verify_cost},
-                       overhead=overhead, choice=list(shape), predicted=predicted)
+                       overhead=overhead, tree_overhead=tree_overhead, choice=list(shape), predicted=predicted)
         return out
 
     def predictions(self) -> list[tuple[tuple[int, ...], float]] | None:
@@ -425,11 +436,12 @@ class TreePolicy:
         costs = self.costs()
         if costs is None:
             return None
-        draft_cost, verify_cost, overhead = costs
+        draft_cost, verify_cost, overhead, tree_overhead = costs
         out = [((), 1 / (1 + overhead))]
         for shape in self.shapes:
             reach = calc.tree_reach_by_depth(shape, self.hazards.leave)
-            cost = calc.tree_round_cost(shape, draft_cost, verify_cost, full=reach[-1]) + overhead
+            cost = calc.tree_round_cost(shape, draft_cost, verify_cost, full=reach[-1])
+            cost += tree_overhead if max(shape) > 1 else overhead
             out.append((shape, (1 + sum(reach)) / cost))
         return out
 
@@ -456,7 +468,7 @@ class TreePolicy:
     def _probe_cost(self) -> float:
         """Target steps a K = 1 probe costs beyond plain decoding: its round, less the 1 + alpha steps plain decoding
         takes for its 1 + alpha tokens (the catch-up over the lag is in its first forward)."""
-        draft_cost, verify_cost, overhead = self.costs()
+        draft_cost, verify_cost, overhead, _ = self.costs()
         catch_up = self.draft.coef()[1] * self._lag / (self.verify.coef()[0] + self.verify.coef()[1])
         tokens = calc.tree_tokens_by_depth((1,), self.hazards.leave)
         return calc.tree_round_cost((1,), draft_cost, verify_cost) + catch_up + overhead - tokens * (1 + overhead)
@@ -465,8 +477,9 @@ class TreePolicy:
         draft, verify = self.draft.coef(), self.verify.coef()
         if draft is None or verify is None or self.overhead.value is None:
             return None
+        overhead = self.tree_overhead.value if is_tree(rnd) else None
         return (draft[0] * len(rnd.forwards) + draft[1] * sum(rnd.forwards) + verify[0] + verify[1] * rnd.verified
-                + self.overhead.value)
+                + (self.overhead.value if overhead is None else overhead))
 
     def _stalled(self, rnd: Round) -> bool:
         predicted = self._predicted_s(rnd)
@@ -486,7 +499,8 @@ class TreePolicy:
             if rnd.forwards:
                 self.draft.add(len(rnd.forwards), sum(rnd.forwards), rnd.draft_s)
             self.verify.add(1.0, rnd.verified or rnd.drafted + 1, rnd.verify_s)
-            self.overhead.add(max(0.0, rnd.total_s - rnd.draft_s - rnd.verify_s), 1.0)
+            overhead = self.tree_overhead if is_tree(rnd) else self.overhead
+            overhead.add(max(0.0, rnd.total_s - rnd.draft_s - rnd.verify_s), 1.0)
             verify = self.verify.coef()
             if probing and verify and verify[0] + verify[1] > 0:
                 self._credit -= rnd.total_s / (verify[0] + verify[1]) - len(rnd.tokens)

@@ -14,13 +14,14 @@ from spec.policy import LineFit, SlotHazards, TreePolicy
 STEP = 0.01  # seconds: a target forward of one token in the synthetic world
 
 
-def simulate(policy, hazards, draft=(0.1, 0.0), verify=(1.0, 0.0), rounds=400, seed=0):
+def simulate(policy, hazards, draft=(0.1, 0.0), verify=(1.0, 0.0), rounds=400, seed=0, tree_overhead=0.0):
     """Drive `policy` with rounds of a world where, at every node, the target's token is the draft's rank-r choice
     with hazard hazards[r] (P(rank r | not below r); ranks past the list never match), a draft forward of w tokens
     takes (draft[0] + draft[1] w) target steps and a verify over n tokens (verify[0] + verify[1] (n - 1)), or
     verify(n + 1) steps for a function of the tokens verified. The rounds are built as the loop builds them (slots,
     forwards, verified; after a round that accepted every depth the first draft forward reads two tokens, the
-    catch-up). Returns the choices."""
+    catch-up); a round of a tree (a node of 2 or more children) takes `tree_overhead` target steps beyond its
+    forwards. Returns the choices."""
     gen = torch.Generator().manual_seed(seed)
     choices = []
     catch_up = 0
@@ -42,7 +43,8 @@ def simulate(policy, hazards, draft=(0.1, 0.0), verify=(1.0, 0.0), rounds=400, s
         catch_up = int(accepted == len(shape)) if shape else catch_up + 1  # the draft's tokens not yet fed
         draft_s = sum(draft[0] + draft[1] * w for w in forwards) * STEP
         verify_s = (verify(nodes + 1) if callable(verify) else verify[0] + verify[1] * nodes) * STEP
-        policy.observe(Round([0] * (accepted + 1), nodes, accepted, draft_s, verify_s, draft_s + verify_s,
+        extra = tree_overhead * STEP if shape and max(shape) > 1 else 0.0
+        policy.observe(Round([0] * (accepted + 1), nodes, accepted, draft_s, verify_s, draft_s + verify_s + extra,
                              slots=slots, forwards=forwards, verified=nodes + 1))
     return choices
 
@@ -63,6 +65,31 @@ def test_a_bushy_tree_when_second_choices_are_often_right_and_verifying_is_cheap
     leave = SlotHazards(1, 0.0)
     leave.hazard = lambda d, r: [0.6, 0.6, 0.4, 0.3][r]
     assert calc.tree_tokens_by_depth(shape, leave.leave) > calc.tree_tokens_by_depth((1,) * 4, leave.leave)
+
+
+def test_a_tree_rounds_own_overhead_is_learned_apart_from_a_chains():
+    """The bushy-tree world, but every tree round takes 2 target steps beyond its forwards (masks, compaction), more
+    than a tree's extra tokens are worth there: the policy learns that cost from tree rounds alone and settles on a
+    chain, and stays there, though the chains' rounds, which it then sees, take nothing beyond their forwards."""
+    world = dict(hazards=[0.6, 0.6, 0.4, 0.3], draft=(0.05, 0.005), verify=(1.0, 0.002))
+    policy = TreePolicy(max_depth=4)
+    choices = simulate(policy, tree_overhead=2.0, **world)
+    shape, share = settled(choices, last=200)
+    assert max(shape) == 1 and share >= 0.95
+    snapshot = policy.snapshot()
+    assert snapshot["tree_overhead"] == pytest.approx(2.0, rel=0.05) and snapshot["overhead"] < 0.05
+    # the formula agrees: with the true hazards and costs and 2 steps a tree round, the best chain beats the best tree
+    leave = SlotHazards(1, 0.0)
+    leave.hazard = lambda d, r: world["hazards"][r]
+    draft_cost = {w: 0.05 + 0.005 * w for w in range(1, 17)}
+    verify_cost = {n: 1.0 + 0.002 * (n - 1) for n in range(1, 66)}
+
+    def rate(shape: tuple[int, ...], extra: float) -> float:
+        reach = calc.tree_reach_by_depth(shape, leave.leave)
+        return (1 + sum(reach)) / (calc.tree_round_cost(shape, draft_cost, verify_cost, full=reach[-1]) + extra)
+
+    best_tree = max(rate(s, 2.0) for s in policy.shapes if max(s) > 1)
+    assert max(rate(s, 0.0) for s in policy.shapes if max(s) == 1) > best_tree
 
 
 def test_a_verify_curve_with_steps_is_learned_well_enough():
