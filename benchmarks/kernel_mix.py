@@ -4,6 +4,7 @@ instruction, per weight it reads.
 
     python benchmarks/kernel_mix.py                       # the 1B's products, bf16 / int8 / int4, the H200's tiles
     python benchmarks/kernel_mix.py --json results/kernel_mix.json
+    python benchmarks/kernel_mix.py --schemes int8,int4 --tokens 2,4   # gemv_few: 2-4 tokens over packed weights
 
 Why: a product streams its weights once, so it runs at the memory's speed only while the multiprocessors issue its
 instructions faster than the bytes arrive. An H200 issues about 1.0e12 warp-instructions a second (132
@@ -58,16 +59,16 @@ def loop_body(sass: str) -> collections.Counter:
     return best
 
 
-def product_tiles(scheme: str, product: str, device_name: str) -> tuple[int, ...]:
+def product_tiles(scheme: str, product: str, device_name: str, tokens: int = 1) -> tuple[int, ...]:
     """The tiles the wrappers launch this product with on that GPU (its tuned table, else the rules)."""
     kind, _, n, k = PRODUCTS[product]
     with kernels.trying(kernels.TUNED.get(device_name, {})):
-        return kernels.gemv_config(kind, n, k, None, 1, scheme)
+        return kernels.gemv_config(kind, n, k, None, tokens, scheme)
 
 
 def compile_product(scheme: str, product: str, config: tuple[int, ...], tokens: int = 1) -> dict:
     """The kernel of this product in these tiles, compiled for sm_90, and its loop's instructions: the one-token
-    kernel, or for 2-8 tokens over packed weights `gemv_few` (padded to `tokens`, a power of two)."""
+    kernel, or for 2 or 4 tokens over packed weights `gemv_few` (its token count padded: `tokens` is 2 or 4)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--schemes", default="none,int8,int4", help="weight formats (default: %(default)s)")
     parser.add_argument("--products", default=",".join(PRODUCTS), help="of %(default)s")
     parser.add_argument("--device-name", default="NVIDIA H200", help="whose tuned tiles (else the rules)")
+    parser.add_argument("--tokens", default="1", help="1 (the one-token kernel) and/or 2, 4 (gemv_few, packed "
+                        "schemes only; int4 also in the one-token tile it halves, to show why): default %(default)s")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
     try:
@@ -117,17 +120,29 @@ def main(argv: list[str] | None = None) -> dict:
     except ImportError:
         parser.exit(1, "needs Triton: pip install triton (no GPU needed)\n")
     out = []
+    token_counts = [int(t) for t in args.tokens.split(",")]
+    if any(t not in (1, 2, 4) for t in token_counts):
+        parser.error(f"--tokens takes 1, 2 and 4, got {args.tokens!r}")
     for scheme in args.schemes.split(","):
         for product in args.products.split(","):
             if product not in PRODUCTS:
                 parser.error(f"unknown product {product!r}: one of {', '.join(PRODUCTS)}")
-            row = compile_product(scheme, product, product_tiles(scheme, product, args.device_name))
-            out.append(row)
-            top = ", ".join(f"{op} {count}" for op, count in list(row["opcodes"].items())[:8])
-            per_weight = f"{row['per_weight']:.2f}" if row["per_weight"] else "no loop"
-            print(f"{scheme:5} {product:8} tiles {str(tuple(row['config'])):16} {row['loop_instructions']:5} "
-                  f"instructions / {row['weights_per_thread']:5.0f} weights = {per_weight:>7} a weight "
-                  f"(regs {row['registers']}): {top}", flush=True)
+            for tokens in token_counts:
+                if tokens > 1 and scheme == "none":
+                    continue  # bf16's few-token products are the tensor cores' (gemv_rows)
+                tiles = [product_tiles(scheme, product, args.device_name, tokens)]
+                if tokens > 1 and scheme == "int4":
+                    tiles.append(product_tiles(scheme, product, args.device_name))  # the one-token tile, unhalved
+                for config in dict.fromkeys(tiles):
+                    row = compile_product(scheme, product, config, tokens)
+                    row["chosen"] = config == tiles[0]
+                    out.append(row)
+                    top = ", ".join(f"{op} {count}" for op, count in list(row["opcodes"].items())[:8])
+                    per_weight = f"{row['per_weight']:.2f}" if row["per_weight"] else "no loop"
+                    label = str(tuple(config)) + ("" if row["chosen"] else "*")
+                    print(f"{scheme:5} {product:8} x{tokens} tiles {label:17} {row['loop_instructions']:5} "
+                          f"instructions / {row['weights_per_thread']:5.0f} weights = {per_weight:>7} a weight "
+                          f"(regs {row['registers']}, stack {row['stack']}): {top}", flush=True)
     import triton
 
     result = {"target": "sm_90", "device_name": args.device_name, "triton": triton.__version__, "rows": out}

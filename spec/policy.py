@@ -364,8 +364,8 @@ class TreePolicy:
       forward and the rule) against the tokens it read; n = 1 is a plain step, the unit of `calc.tree_round_cost`.
     - Overhead: the rest of a round (bookkeeping, the caches' compaction), a decayed mean per round, one for chains
       (and plain steps) and one for trees, which pay more of it (their masks, the compaction of a scattered path: on
-      an H100 a tree round took 0.13-0.20 target steps more than its forwards beyond a chain's, session 20's
-      tree_sweep fits); until a tree round has been seen, a tree is charged a chain's.
+      an H100 a tree round took 0.13-0.20 target steps more than its forwards beyond a chain's in five of session
+      20's six tree_sweep fits, 0.02 in the sixth); until a tree round has been seen, a tree is charged a chain's.
 
     Every round it predicts every shape of `calc.tree_shapes(max_nodes, max_depth)` (branching at most 4,
     non-increasing) and a plain step, and picks the fastest; a tree must beat plain decoding to be chosen, and ties

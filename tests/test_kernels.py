@@ -297,7 +297,8 @@ def check_int4_products(device: str) -> None:
     cases = ((kernels.ADD, 64, 192, (16, 64, 4)), (kernels.ADD, 48, 128, (16, 1024, 4)),
              (kernels.LOGITS, 300, 192, (16, 64, 4)), (kernels.SILU_MUL, 96, 192, (16, 64, 4)),
              (kernels.SILU_MUL, 96, 128, (8, 256, 4)))
-    for (epilogue, n, k, config), tokens in [(case, m) for case in cases for m in (1, 3)] + [(cases[3], 2)]:
+    for (epilogue, n, k, config), tokens in [(case, m) for case in cases for m in (1, 3)] + [(cases[3], 2),
+                                                                                              (cases[0], 4)]:
         rows = 2 * n if epilogue == kernels.SILU_MUL else n
         packed = pack_for_kernels(torch.randn(rows, k, generator=gen).to(device), "int4")
         halves = packed.codes.cpu().view(rows, -1, GROUP // 2)  # the weights the codes stand for, in float64
@@ -322,11 +323,83 @@ def check_int4_products(device: str) -> None:
         got = out.to(device)
         head_major = 16 if epilogue == kernels.ADD and tokens > 1 else 0  # the o product reads the attention's output
         inputs = x if not head_major else x.view(tokens, k // 16, 16).transpose(0, 1).contiguous()
-        tiles = config if tokens == 1 else kernels.few_tile(config, tokens, "int4")
+        # (SPARK_SPEC_FEW_TOKENS=0 in the environment: the tensor-core kernel in its own tiles instead)
+        tiles = config if tokens == 1 else kernels.few_tile(config, tokens, "int4") \
+            if tokens <= kernels.MAX_FEW_TOKENS else None
         kernels.gemv(inputs.squeeze(0).to(device), packed, got.squeeze(0), epilogue,
                      None if norm is None else norm.to(device), 1e-6, tiles, head_major)
         error = (got.double().cpu() - want).abs()
         assert (error <= bound).all(), (epilogue, n, k, tiles, tokens, float(error.max()), float(bound.min()))
+
+
+def check_row_scaled_few_products(device: str, schemes=("int8", "fp8")) -> None:
+    """`gemv_few` over row-scaled codes (int8, fp8: a scale per row, applied after the sum) for 2, 3 (padded to 4) and
+    4 tokens, every epilogue, RMSNorm, the o product's head-major inputs, one tile and several, against float64 over
+    the codes' own values. Bound, per token and row: fp32 sums of K products in runs of 16, then across runs and
+    tiles, |error| <= u (K + 16) sum_k |s q_k xn_k|, times the norm's scale, plus u |y| for the scale's and the
+    norm's multiplies (u = 2^-24); SiLU(gate) up as in `check_int4_products`."""
+    import torch
+
+    from spec.models import kernels
+    from spec.models.quant import pack_for_kernels
+
+    gen = torch.Generator().manual_seed(1)
+    u = 2.0 ** -24
+    for scheme in schemes:
+        for epilogue, n, k, config in ((kernels.ADD, 48, 256, (8, 64, 4)), (kernels.SILU_MUL, 40, 128, (8, 128, 4)),
+                                       (kernels.LOGITS, 100, 96, (16, 32, 4)), (kernels.RAW, 32, 64, (4, 64, 4))):
+            for tokens in (2, 3, 4):
+                rows = 2 * n if epilogue == kernels.SILU_MUL else n
+                packed = pack_for_kernels(torch.randn(rows, k, generator=gen).to(device), scheme)
+                w = packed.codes.cpu().double() * packed.scales.cpu().double()[:, None]
+                x = torch.randn(tokens, k, generator=gen)
+                norm = None if epilogue == kernels.ADD else torch.rand(k, generator=gen) + 0.5
+                r = 1.0 if norm is None else torch.rsqrt((x.double() ** 2).mean(1, keepdim=True) + 1e-6)
+                xn = x.double() * (1.0 if norm is None else norm.double())
+                y = (xn @ w.t()) * r
+                bound = u * (k + 16) * (xn.abs() @ w.abs().t()) * r + u * y.abs() + 1e-7
+                out = torch.randn(tokens, n, generator=gen) if epilogue == kernels.ADD else torch.zeros(tokens, n)
+                want = out.double() + y if epilogue == kernels.ADD else y
+                if epilogue == kernels.SILU_MUL:
+                    gate, up = y[:, :n], y[:, n:]
+                    want = torch.nn.functional.silu(gate) * up
+                    bound = 1.1 * bound[:, :n] * up.abs() + bound[:, n:] * torch.nn.functional.silu(gate).abs() + 1e-6
+                head_major = 16 if epilogue == kernels.ADD else 0
+                inputs = x if not head_major else x.view(tokens, k // 16, 16).transpose(0, 1).contiguous()
+                got = out.to(device)
+                tiles = config if tokens <= kernels.MAX_FEW_TOKENS else None
+                kernels.gemv(inputs.to(device), packed, got, epilogue, None if norm is None else norm.to(device),
+                             1e-6, tiles, head_major)
+                error = (got.double().cpu() - want).abs()
+                assert (error <= bound).all(), (scheme, epilogue, tokens, float(error.max()), float(bound.min()))
+
+
+INTERPRETED_FEW_PRODUCTS = """
+import sys
+sys.path.insert(0, "tests")
+import spec.models.quant
+spec.models.quant.quant_error = lambda *args: None  # fp8 codes on a CPU: refused for use, run here anyway
+from test_kernels import check_row_scaled_few_products
+check_row_scaled_few_products("cpu")
+print("ok")
+"""
+
+
+def test_row_scaled_few_token_products_in_tritons_interpreter():
+    """`gemv_few` over int8 and fp8 codes against float64, in Triton's interpreter: `check_row_scaled_few_products`
+    (the interpreted walk's random widths reach only 2 tokens for them)."""
+    run_interpreted(INTERPRETED_FEW_PRODUCTS)
+
+
+@cuda
+def test_row_scaled_few_token_products_on_a_gpu():
+    """The same on the GPU (fp8 where the GPU reads it)."""
+    from spec.models import kernels
+    from spec.models.quant import fp8_device
+
+    if not kernels.available():
+        pytest.skip("needs Triton")
+    check_row_scaled_few_products("cuda", ("int8", "fp8") if fp8_device(torch.device("cuda")) else ("int8",))
 
 
 INTERPRETED_INT4_PRODUCTS = """
@@ -366,7 +439,7 @@ kernels.input_splits = lambda *args: seen.append(input_splits(*args)) or seen[-1
 # (a bf16 product of <= 16 tokens is not split: `input_splits`)
 cases = ((kernels.ADD, "none", 17, False, 4), (kernels.ADD, "none", 9, False, 1),
          (kernels.SILU_MUL, "int4", 33, True, 4),
-         (kernels.RAW, "int8", 9, True, 4), (kernels.LOGITS, "none", 64, True, 4))
+         (kernels.RAW, "int8", 5, True, 4), (kernels.LOGITS, "none", 64, True, 4))
 for epilogue, scheme, tokens, norm, split in cases:
     rows = 64 * (2 if epilogue == kernels.SILU_MUL else 1)
     weight = torch.randn(rows, 1024, generator=g) / 32
@@ -507,6 +580,7 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
     from spec.models import kernels
 
     monkeypatch.delenv("SPARK_SPEC_KERNEL_TABLE", raising=False)  # (a shell that measured the rules alone)
+    monkeypatch.setattr(kernels, "MAX_FEW_TOKENS", 4)  # (... or sent a few tokens to the tensor cores)
     kernels._tuned.cache_clear()
 
     assert kernels.gemv_config("add", 4096, 4096) == (8, 512, 8)  # no device: the rule

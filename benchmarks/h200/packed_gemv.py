@@ -89,8 +89,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--schemes", default="none,int8,int4")
     parser.add_argument("--products", default=",".join(PRODUCTS))
-    parser.add_argument("--tokens", default="1", help="token counts, e.g. 1,2,8: past one, packed weights' products "
-                        "go through kernels.gemv_few (2-8 tokens), timed in the chosen tile and FEW_ALTERNATES'")
+    parser.add_argument("--tokens", default="1", help="token counts, e.g. 1,2,4: packed weights' 2-4-token products "
+                        "go through kernels.gemv_few, timed in the chosen tile and a few others (`few_alternates`); "
+                        "the rest (bf16's, past 4 tokens) in the chosen tile only")
     parser.add_argument("--json", default="results/packed_gemv.json")
     parser.add_argument("--no-count", action="store_true", help="time only (kernel_mix's counts are the same anywhere)")
     args = parser.parse_args()
@@ -108,7 +109,9 @@ def main() -> None:
                 dtype = torch.float32 if epilogue == kernels.LOGITS else torch.bfloat16
                 out = torch.zeros(tokens, n, device=device, dtype=dtype).squeeze(0)
                 chosen = tuple(kernels.gemv_config(kind, n, k, device, tokens, scheme))
-                alternates = ALTERNATES.get((scheme, name), []) if tokens == 1 else few_alternates(chosen, tokens)
+                few = 1 < tokens <= kernels.MAX_FEW_TOKENS and scheme != "none"
+                alternates = ALTERNATES.get((scheme, name), []) if tokens == 1 else \
+                    few_alternates(chosen, tokens) if few else []
                 configs = list(dict.fromkeys([chosen, *alternates]))
                 with kernels.compiling_ahead(ignore_errors=True):  # every variant compiles at once
                     for config in configs:
@@ -123,7 +126,8 @@ def main() -> None:
 
 
 def few_alternates(chosen: tuple[int, ...], tokens: int) -> list[tuple[int, ...]]:
-    """Tiles timed beside a 2-8-token product's chosen one: twice and half its columns, twice its rows."""
+    """Tiles timed beside a 2-4-token packed product's chosen one (`gemv_few`'s): twice and half its columns, twice
+    its rows, half its rows with twice the columns."""
     bn, block_k, warps = chosen[:3]
     return [(bn, block_k * 2, warps), (bn, max(32, block_k // 2), warps), (bn * 2, block_k, warps),
             (max(2, bn // 2), block_k * 2, warps)]

@@ -396,19 +396,20 @@ def tuned_kind(kind: str, tokens: int = 1, quant: str = "none") -> str:
 def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
                 tokens: int = 1, quant: str = "none") -> tuple[int, ...]:
     """The tiles to launch a product of n rows and k columns over `tokens` tokens with weights in `quant` with. One
-    token: (rows per program, columns per iteration, warps); 2-64 tokens: the same and the software-pipelining
-    depth. The tuned entry for this GPU, this token width and this format if there is one (`tuned_kind`); else a
-    rule: the plain weights' entry for this width (or a default per kind: past 16 tokens the wide tile), whose
-    one-token tile is widened for packed weights to the bf16 tile's bytes (`packed_columns`), but for the head, which
-    keeps bf16's tile at least PACKED_HEAD_COLUMNS wide; int4's one-token gate/up and head take INT4_TILE."""
+    token, and 2-MAX_FEW_TOKENS over packed weights (`gemv_few`): (rows per program, columns per iteration, warps);
+    other 2-64-token products: the same and the software-pipelining depth. The tuned entry for this GPU, this token
+    width and this format if there is one (`tuned_kind`); else a rule: the plain weights' entry for this width (or a
+    default per kind: past 16 tokens the wide tile), whose one-token tile is widened for packed weights to the bf16
+    tile's bytes (`packed_columns`), but for the head, which keeps bf16's tile at least PACKED_HEAD_COLUMNS wide;
+    int4's one-token gate/up and head take INT4_TILE; a `gemv_few` product the one-token tile (`few_tile`)."""
     table = _tuned(torch.cuda.get_device_name(device)) if device is not None and device.type == "cuda" else {}
     if _TRIAL:
         table = {**table, **_TRIAL}
     exact = table.get((tuned_kind(kind, tokens, quant), n, k))
     if exact:
         return exact
-    if 1 < tokens <= MAX_FEW_TOKENS and quant != "none":
-        return few_tile(gemv_config(kind, n, k, device, 1, quant), tokens, quant)
+    if 1 < tokens <= MAX_FEW_TOKENS and quant != "none":  # RAW (q/k/v's multi-token product) as an ADD's rows
+        return few_tile(gemv_config("add" if kind == "raw" else kind, n, k, device, 1, quant), tokens, quant)
     config = table.get((tuned_kind(kind, tokens), n, k))  # the plain weights' entry
     if tokens > MAX_FUSED_TOKENS:
         if kind not in ("qkv", "add", "silu_mul", "logits", "raw"):
