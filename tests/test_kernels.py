@@ -278,6 +278,23 @@ def test_quantized_fused_kernels_in_tritons_interpreter():
     run_interpreted(INTERPRETED_QUANT_WALK)
 
 
+def epilogue_wanted(epilogue: int, y, out, bound, n: int):
+    """What a product's epilogue should write from its exact sums y [tokens, rows] (float64) into `out`, and the
+    bound on its error from the sums' own: ADD out + y; SILU_MUL SiLU(gate) up, whose error is the gate's times |up|
+    (SiLU' <= 1.1) plus the up's times |SiLU(gate)|; else y."""
+    import torch
+
+    from spec.models import kernels
+
+    if epilogue == kernels.ADD:
+        return out.double() + y, bound
+    if epilogue == kernels.SILU_MUL:
+        gate, up = y[:, :n], y[:, n:]
+        silu = torch.nn.functional.silu(gate)
+        return silu * up, 1.1 * bound[:, :n] * up.abs() + bound[:, n:] * silu.abs() + 1e-6
+    return y, bound
+
+
 def check_int4_products(device: str) -> None:
     """The int4 products of one token (the word kernel, `triton_kernels.int4_word_sums`) and of 2-4 tokens
     (`gemv_few`, the same words for every token; 3 tokens padded to 4, the o product's head-major inputs) against
@@ -315,11 +332,7 @@ def check_int4_products(device: str) -> None:
         u = 2.0 ** -24
         bound = u * (GROUP + k // GROUP + 8) * (xn.abs() @ (scales * 272 + zeros).t()) * r + 1e-7
         out = torch.randn(tokens, n, generator=gen) if epilogue == kernels.ADD else torch.zeros(tokens, n)
-        want = out.double() + y if epilogue == kernels.ADD else y
-        if epilogue == kernels.SILU_MUL:
-            gate, up = y[:, :n], y[:, n:]
-            want = torch.nn.functional.silu(gate) * up
-            bound = 1.1 * bound[:, :n] * up.abs() + bound[:, n:] * torch.nn.functional.silu(gate).abs() + 1e-6
+        want, bound = epilogue_wanted(epilogue, y, out, bound, n)
         got = out.to(device)
         head_major = 16 if epilogue == kernels.ADD and tokens > 1 else 0  # the o product reads the attention's output
         inputs = x if not head_major else x.view(tokens, k // 16, 16).transpose(0, 1).contiguous()
@@ -359,11 +372,7 @@ def check_row_scaled_few_products(device: str, schemes=("int8", "fp8")) -> None:
                 y = (xn @ w.t()) * r
                 bound = u * (k + 16) * (xn.abs() @ w.abs().t()) * r + u * y.abs() + 1e-7
                 out = torch.randn(tokens, n, generator=gen) if epilogue == kernels.ADD else torch.zeros(tokens, n)
-                want = out.double() + y if epilogue == kernels.ADD else y
-                if epilogue == kernels.SILU_MUL:
-                    gate, up = y[:, :n], y[:, n:]
-                    want = torch.nn.functional.silu(gate) * up
-                    bound = 1.1 * bound[:, :n] * up.abs() + bound[:, n:] * torch.nn.functional.silu(gate).abs() + 1e-6
+                want, bound = epilogue_wanted(epilogue, y, out, bound, n)
                 head_major = 16 if epilogue == kernels.ADD else 0
                 inputs = x if not head_major else x.view(tokens, k // 16, 16).transpose(0, 1).contiguous()
                 got = out.to(device)

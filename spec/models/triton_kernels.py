@@ -479,13 +479,7 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
                 acc_up += as_float(u) * x[None, :]
         w, ws, wz = w_next, ws_next, wz_next
         u, us, uz = u_next, us_next, uz_next
-    y = tl.sum(acc, 1) * rw
-    up = tl.sum(acc_up, 1) * ru
-    if NORM:  # RMSNorm's scale, applied after the sum
-        r = tl.rsqrt(tl.sum(sq, 0) / K + eps)
-        y = y * r
-        up = up * r
-    store_epilogue(out_ptr + rows, rm, y, up, x_ptr, EPILOGUE)
+    store_row(out_ptr, x_ptr, 1, N, K, 0, rows, rm, acc, acc_up, sq, rw, ru, eps, NORM, EPILOGUE)
 
 
 # ---- the fused forward of 2-4 tokens over packed weights (a draft's catch-up, a tree's frontier) -----------------
@@ -588,9 +582,10 @@ def run_sums(a):
 
 
 @triton.jit
-def few_store(out_ptr, x_ptr, M, N, K, m, rows, rm, acc, acc_up, sq, rw, ru, eps, NORM: tl.constexpr,
+def store_row(out_ptr, x_ptr, M, N, K, m, rows, rm, acc, acc_up, sq, rw, ru, eps, NORM: tl.constexpr,
               EPILOGUE: tl.constexpr):
-    """Token m's row of out [M, N] (nothing past the M tokens)."""
+    """Token m's row of out [M, N] (nothing past the M tokens) from its running sums: summed, int8's row scales,
+    RMSNorm's scale (applied after the sum), the epilogue. One token: m 0 of M 1."""
     y = tl.sum(acc, 1) * rw
     up = tl.sum(acc_up, 1) * ru
     if NORM:  # RMSNorm's scale, applied after the sum
@@ -637,11 +632,11 @@ def gemv_few(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K,
                                    NORM, BLOCK_K, QUANT, G)
         w, ws, wz = w_next, ws_next, wz_next
         u, us, uz = u_next, us_next, uz_next
-    few_store(out_ptr, x_ptr, M, N, K, 0, rows, rm, a0, b0, q0, rw, ru, eps, NORM, EPILOGUE)
-    few_store(out_ptr, x_ptr, M, N, K, 1, rows, rm, a1, b1, q1, rw, ru, eps, NORM, EPILOGUE)
+    store_row(out_ptr, x_ptr, M, N, K, 0, rows, rm, a0, b0, q0, rw, ru, eps, NORM, EPILOGUE)
+    store_row(out_ptr, x_ptr, M, N, K, 1, rows, rm, a1, b1, q1, rw, ru, eps, NORM, EPILOGUE)
     if MT > 2:
-        few_store(out_ptr, x_ptr, M, N, K, 2, rows, rm, a2, b2, q2, rw, ru, eps, NORM, EPILOGUE)
-        few_store(out_ptr, x_ptr, M, N, K, 3, rows, rm, a3, b3, q3, rw, ru, eps, NORM, EPILOGUE)
+        store_row(out_ptr, x_ptr, M, N, K, 2, rows, rm, a2, b2, q2, rw, ru, eps, NORM, EPILOGUE)
+        store_row(out_ptr, x_ptr, M, N, K, 3, rows, rm, a3, b3, q3, rw, ru, eps, NORM, EPILOGUE)
 
 
 # ---- the fused forward of 2-64 tokens (a verify pass, a token tree, a draft's catch-up) ---------------------------
