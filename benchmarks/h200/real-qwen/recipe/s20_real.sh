@@ -1,5 +1,5 @@
 # Session 20, after s12_chunk.sh x 28, one call per draft format (DQ=int4, then DQ=int8): reassemble, check both
-# SHA-256, convert (setup.sh, first call only), then token trees on the real pair with that draft format, the 2-8-token
+# SHA-256, convert (setup.sh, first call only), then token trees on the real pair with that draft format, the 2-4-token
 # draft forwards (catch-up, tree frontiers) on the CUDA cores (gemv_few), 6 code prompts x 128 tokens: the tree
 # calculator in its final form (session 19's host fit) against measured runs. Under 600 s; packed as it ends.
 G=/root/.cache/spark-spec/gguf
