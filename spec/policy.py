@@ -55,7 +55,7 @@ from collections.abc import Callable
 
 from spec import calc
 from spec.loop import KPolicy, Round
-from spec.tree import MAX_NODES, widths
+from spec.tree import MAX_NODES, branches, widths
 
 PRIOR_ALPHA_WEIGHT = 2.0  # judged positions the prior alpha is worth; real rounds outweigh it within a few rounds
 OPTIMISM = 1.0  # standard errors added to alpha's estimate when choosing K (`AdaptiveK.hopeful_alpha`)
@@ -412,8 +412,13 @@ class TreePolicy:
         widest = max(2, *(max(widths(shape)[:-1], default=1) for shape in self.shapes))  # 2: the catch-up
         draft_cost = {w: (draft[0] + draft[1] * w) / step for w in range(1, widest + 1)}
         verify_cost = {n: (verify[0] + verify[1] * n) / step for n in range(1, MAX_NODES + 2)}
-        tree_overhead = self.tree_overhead.value if self.tree_overhead.value is not None else self.overhead.value
-        return draft_cost, verify_cost, self.overhead.value / step, tree_overhead / step
+        return draft_cost, verify_cost, self._overhead_s(False) / step, self._overhead_s(True) / step
+
+    def _overhead_s(self, tree: bool) -> float | None:
+        """A round's overhead in seconds: a tree's, once a tree round has been seen; else a chain's."""
+        if tree and self.tree_overhead.value is not None:
+            return self.tree_overhead.value
+        return self.overhead.value
 
     def snapshot(self) -> dict:
         """The cost estimates in target steps (a draft forward of 1 / 2 / 4 tokens, a target forward of 1 / 5 / 17
@@ -441,7 +446,7 @@ class TreePolicy:
         for shape in self.shapes:
             reach = calc.tree_reach_by_depth(shape, self.hazards.leave)
             cost = calc.tree_round_cost(shape, draft_cost, verify_cost, full=reach[-1])
-            cost += tree_overhead if max(shape) > 1 else overhead
+            cost += tree_overhead if branches(shape) else overhead
             out.append((shape, (1 + sum(reach)) / cost))
         return out
 
@@ -477,9 +482,8 @@ class TreePolicy:
         draft, verify = self.draft.coef(), self.verify.coef()
         if draft is None or verify is None or self.overhead.value is None:
             return None
-        overhead = self.tree_overhead.value if is_tree(rnd) else None
         return (draft[0] * len(rnd.forwards) + draft[1] * sum(rnd.forwards) + verify[0] + verify[1] * rnd.verified
-                + (self.overhead.value if overhead is None else overhead))
+                + self._overhead_s(is_tree(rnd)))
 
     def _stalled(self, rnd: Round) -> bool:
         predicted = self._predicted_s(rnd)

@@ -129,6 +129,11 @@ def widths(shape: Sequence[int]) -> list[int]:
     return out
 
 
+def branches(shape: Sequence[int]) -> bool:
+    """Whether a static shape has a node of two or more children: a tree, not a chain (K = len(shape))."""
+    return any(b > 1 for b in shape)
+
+
 def is_chain(parents: Sequence[int]) -> bool:
     return all(p == i - 1 for i, p in enumerate(parents))
 

@@ -35,8 +35,8 @@ from spec.cli import add_model_args, load_from_args
 from spec.harness import explain_divergence, forward_times, run_loop
 from spec.io import Results, load_prompts, table
 from spec.models import chat_ids, dtype_name
-from spec.policy import TreePolicy
-from spec.tree import Auto, Dynamic, describe, most_nodes, nodes_of, parse_tree, widths
+from spec.policy import TreePolicy, is_tree
+from spec.tree import Auto, Dynamic, branches, describe, most_nodes, nodes_of, parse_tree, widths
 
 
 def calibration_shapes(max_nodes: int, max_depth: int) -> list[tuple[int, ...]]:
@@ -90,7 +90,7 @@ def host_terms(shape) -> tuple[int, int]:
     """(draft forwards under a tree mask, 1 for a tree's verify) of a round of a static shape: each draft forward
     after the first feeds a depth's nodes (`widths` but the last), under a tree mask once that depth is wider than
     one node (some depth before it branched); `fit_host` reads the same from a round's forwards."""
-    return sum(1 for w in widths(shape)[:-1] if w > 1), int(nodes_of(shape) > len(shape))
+    return sum(1 for w in widths(shape)[:-1] if w > 1), int(branches(shape))
 
 
 def host_seconds(host: dict, shape) -> float:
@@ -113,12 +113,12 @@ def predict(shapes, texts: list[list[int]], draft_cost: dict, verifies: tuple[di
             replay = calc.replayed_tree_tokens(ranks, shape)
             tokens, rounds, full = tokens + replay.tokens, rounds + replay.rounds, full + replay.full
         per_round = tokens / rounds
-        verify = verifies[set(shape) == {1}]  # (a tree's, a chain's)
+        verify = verifies[not branches(shape)]  # (a tree's, a chain's)
         bare = calc.tree_round_cost(shape, draft_cost, verify)
         cost = calc.tree_round_cost(shape, draft_cost, verify, full=full / rounds)
         round_s = cost * step + host_seconds(host, shape)
         out.append({"shape": ",".join(map(str, shape)), "depth": len(shape), "nodes": nodes_of(shape),
-                    "chain": set(shape) == {1}, "tokens_per_forward": per_round, "full_rounds": full / rounds,
+                    "chain": not branches(shape), "tokens_per_forward": per_round, "full_rounds": full / rounds,
                     "cost_steps": cost, "host_steps": round_s / step - cost,
                     "forwards_only_speedup": per_round / bare,
                     "predicted_speedup": per_round * host["plain_token_s"] / round_s})
@@ -133,11 +133,10 @@ def fit_host(rounds, draft_cost: dict, verifies: tuple[dict, dict], step: float)
     width not timed, are left out; fewer than three rounds give zeros."""
     rows, seconds = [], []
     for r in rounds:
-        tree_round = int(r.drafted > len(r.forwards))
-        verify = verifies[1 - tree_round]  # a tree round's verify carries its mask, a chain's does not
+        verify = verifies[not is_tree(r)]  # a tree round's verify carries its mask, a chain's does not
         if not r.forwards or max(r.forwards) not in draft_cost or r.verified not in verify:
             continue
-        rows.append([1.0, sum(1 for w in r.forwards[1:] if w > 1), tree_round])  # as `host_terms` counts them
+        rows.append([1.0, sum(1 for w in r.forwards[1:] if w > 1), int(is_tree(r))])  # as `host_terms` counts them
         seconds.append(r.total_s - (sum(draft_cost[w] for w in r.forwards) + verify[r.verified]) * step)
     if len(rows) < 3:
         return [0.0, 0.0, 0.0], len(rows)
@@ -170,7 +169,7 @@ def loop_setting(setting, max_depth: int) -> tuple:
     """(k, tree) for run_loop from a parsed --trees entry: a static shape (a chain of 1s runs as plain K), a
     dynamic tree, or a new tree policy (one for the whole prompt set, as a server keeps one across requests)."""
     if isinstance(setting, tuple):
-        return len(setting), None if set(setting) == {1} else setting
+        return len(setting), setting if branches(setting) else None
     if isinstance(setting, Dynamic):
         return max_depth, setting
     return TreePolicy(max_depth=max_depth, max_nodes=setting.max_nodes), None
@@ -238,7 +237,7 @@ def main(argv=None) -> dict:
     longest = max(2, *(max(widths(s)[:-1] or [1]) for s in [*shapes, *static, *calibration]))  # 2: the catch-up
     first_ids = ids_of[prompts[0]["id"]]
     context = first_ids + plain[prompts[0]["id"]].tokens
-    longest_chain = max(len(s) for s in [*chains, *static, *calibration] if set(s) == {1})
+    longest_chain = max(len(s) for s in [*chains, *static, *calibration] if not branches(s))
     draft_cost, verify, verify_chain, step = costs(pair, context, longest, max(
         nodes_of(s) for s in [*shapes, *chains, *static]) + 1, longest_chain, args.trials)
     plain_token_s = sum(r.decode_s for r in plain.values()) / sum(len(r.tokens) for r in plain.values())

@@ -83,7 +83,7 @@ def candidates(kind: str, n: int, tokens: int = 1, quant: str = "none") -> list[
     32-128 columns (whole groups) past one token. Packed weights' 2-MAX_FEW_TOKENS-token products (`gemv_few`) take
     one-token tiles."""
     weights = 2 if kind == "silu_mul" else 1
-    if tokens > 1 and not (tokens <= kernels.MAX_FEW_TOKENS and quant != "none"):
+    if tokens > 1 and not kernels.few_tokens(tokens, quant):
         mp = kernels.tile_tokens(tokens)
         if mp > kernels.MAX_FUSED_TOKENS:  # a tree's: 16-64 rows by 64-128 columns (int4 from a group), 4 or 8 warps
             return [(bn, block_k, warps, stages) for bn in (16, 32, 64)

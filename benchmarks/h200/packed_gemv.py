@@ -109,9 +109,8 @@ def main() -> None:
                 dtype = torch.float32 if epilogue == kernels.LOGITS else torch.bfloat16
                 out = torch.zeros(tokens, n, device=device, dtype=dtype).squeeze(0)
                 chosen = tuple(kernels.gemv_config(kind, n, k, device, tokens, scheme))
-                few = 1 < tokens <= kernels.MAX_FEW_TOKENS and scheme != "none"
                 alternates = ALTERNATES.get((scheme, name), []) if tokens == 1 else \
-                    few_alternates(chosen, tokens) if few else []
+                    few_alternates(chosen, tokens) if kernels.few_tokens(tokens, scheme) else []
                 configs = list(dict.fromkeys([chosen, *alternates]))
                 with kernels.compiling_ahead(ignore_errors=True):  # every variant compiles at once
                     for config in configs:

@@ -255,6 +255,12 @@ MAX_FUSED_TOKENS = 16  # tokens a verify or a prompt's chunk takes at once: the 
 # on an H100, 1.3x / 1.8x at 4, slower past 4 (benchmarks/h100/session20/). SPARK_SPEC_FEW_TOKENS=0, read when this
 # module is imported, sends them to the tensor-core kernel instead (how a benchmark measures what it gives).
 MAX_FEW_TOKENS = 0 if os.environ.get("SPARK_SPEC_FEW_TOKENS") == "0" else 4
+
+
+def few_tokens(tokens: int, quant: str) -> bool:
+    """Whether a product of `tokens` tokens over weights in `quant` runs `gemv_few`: 2-MAX_FEW_TOKENS, packed."""
+    return 1 < tokens <= MAX_FEW_TOKENS and quant != "none"
+
 MAX_KERNEL_TOKENS = 64  # the most one fused forward takes (a token tree's verify): tiles of 16, 32 or 64 tokens
 
 # Tuned (rows per program, columns per iteration, warps) per GPU and product, keyed (kind, N, K) with kind one of
@@ -384,7 +390,7 @@ def tuned_kind(kind: str, tokens: int = 1, quant: str = "none") -> str:
     """The tuned table's name for a product's tiles: the kind, "_rows" for 2-64 tokens with the tile's token width
     past 16 ("add_rows64": a tree's verify), but "_few" for 2-MAX_FEW_TOKENS tokens over packed weights (`gemv_few`),
     and "@" the weight format when packed ("add@int4")."""
-    if 1 < tokens <= MAX_FEW_TOKENS and quant != "none":
+    if few_tokens(tokens, quant):
         kind += "_few"
     elif tokens > 1:
         kind += "_rows"
@@ -408,7 +414,7 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     exact = table.get((tuned_kind(kind, tokens, quant), n, k))
     if exact:
         return exact
-    if 1 < tokens <= MAX_FEW_TOKENS and quant != "none":  # RAW (q/k/v's multi-token product) as an ADD's rows
+    if few_tokens(tokens, quant):  # RAW (q/k/v's multi-token product) as an ADD's rows
         return few_tile(gemv_config("add" if kind == "raw" else kind, n, k, device, 1, quant), tokens, quant)
     config = table.get((tuned_kind(kind, tokens), n, k))  # the plain weights' entry
     if tokens > MAX_FUSED_TOKENS:
@@ -436,8 +442,8 @@ def few_tile(one_token: tuple[int, ...], tokens: int, quant: str) -> tuple[int, 
     tile's codes stay in registers while every token's sums take them. Compiled for sm_90 (benchmarks/kernel_mix.py),
     the 1B's gate/up in INT4_TILE's full width spilled at 2 tokens (200 bytes a thread); halved, it does not, at 6.2
     / 9.9 instructions a weight for 2 / 4 tokens (int8 in its one-token tile 10.6 / 14.6; one token 4.0 and 6.1)."""
-    if not 1 < tokens <= MAX_FEW_TOKENS:
-        raise ValueError(f"gemv_few takes 2-{MAX_FEW_TOKENS} tokens, not {tokens}")
+    if not few_tokens(tokens, quant):
+        raise ValueError(f"gemv_few takes 2-{MAX_FEW_TOKENS} tokens over packed weights, not {tokens} over {quant}")
     bn, block_k, warps = one_token[:3]
     if quant == "int4":
         block_k = max(GROUP, block_k // 2)
@@ -546,7 +552,7 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     grid = (-(-n // config[0]),)
     if tokens == 1:
         _launch(_triton().gemv, grid, config, pdl, *args, n, k, **constexprs)
-    elif tokens <= MAX_FEW_TOKENS and quant["QUANT"]:
+    elif few_tokens(tokens, _scheme(weight)):
         _launch(_triton().gemv_few, grid, config, pdl, *args, tokens, n, k, **constexprs, XD=head_major,
                 MT=_pow2(tokens))
     else:

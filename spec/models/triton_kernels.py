@@ -322,10 +322,11 @@ def row_scales(s_ptr, rows, rm, QUANT: tl.constexpr):
 
 
 @triton.jit
-def first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, N, EPILOGUE: tl.constexpr, BLOCK_K: tl.constexpr,
-                QUANT: tl.constexpr, G: tl.constexpr):
-    """A product's first weight tile (inputs k0..), and for SILU_MUL the up projection's (rows N.. of the weight),
-    each with its scales and offsets: loaded before the wait for the previous kernel. int4 as one token reads it."""
+def tiles_at(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, N, EPILOGUE: tl.constexpr, BLOCK_K: tl.constexpr,
+             QUANT: tl.constexpr, G: tl.constexpr):
+    """A product's weight tile of inputs k0.., and for SILU_MUL the up projection's (rows N.. of the weight), each
+    with its scales and offsets, int4 as one token reads it: the first one loaded before the wait for the previous
+    kernel, each next one a step ahead of its use."""
     w, ws, wz = one_token_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K, QUANT, G)
     u, us, uz = w, ws, wz
     if EPILOGUE == 1:
@@ -451,18 +452,15 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     rm = rows < N
     ks = tl.arange(0, BLOCK_K)
-    w, ws, wz, u, us, uz = first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, 0, K, N, EPILOGUE, BLOCK_K, QUANT, G)
+    w, ws, wz, u, us, uz = tiles_at(w_ptr, s_ptr, z_ptr, rows, rm, 0, K, N, EPILOGUE, BLOCK_K, QUANT, G)
     rw = row_scales(s_ptr, rows, rm, QUANT)
     ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
     if PDL:
         tl.extra.cuda.gdc_wait()
     acc, acc_up, sq = accumulators(BN, BLOCK_K, QUANT, G)
     for k0 in range(0, K, BLOCK_K):
-        w_next, ws_next, wz_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0 + BLOCK_K, K, BLOCK_K, QUANT, G)
-        u_next, us_next, uz_next = w_next, ws_next, wz_next
-        if EPILOGUE == 1:
-            u_next, us_next, uz_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, k0 + BLOCK_K, K, BLOCK_K,
-                                                      QUANT, G)
+        w_next, ws_next, wz_next, u_next, us_next, uz_next = tiles_at(w_ptr, s_ptr, z_ptr, rows, rm, k0 + BLOCK_K,
+                                                                      K, N, EPILOGUE, BLOCK_K, QUANT, G)
         if QUANT == 2:
             l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM, BLOCK_K, G)
             acc += int4_word_sums(w, ws, wz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
@@ -606,7 +604,7 @@ def gemv_few(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K,
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     rm = rows < N
-    w, ws, wz, u, us, uz = first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, 0, K, N, EPILOGUE, BLOCK_K, QUANT, G)
+    w, ws, wz, u, us, uz = tiles_at(w_ptr, s_ptr, z_ptr, rows, rm, 0, K, N, EPILOGUE, BLOCK_K, QUANT, G)
     rw = row_scales(s_ptr, rows, rm, QUANT)
     ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
     if PDL:
@@ -616,11 +614,8 @@ def gemv_few(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K,
     a2, b2, q2 = a0, b0, q0
     a3, b3, q3 = a0, b0, q0
     for k0 in range(0, K, BLOCK_K):
-        w_next, ws_next, wz_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0 + BLOCK_K, K, BLOCK_K, QUANT, G)
-        u_next, us_next, uz_next = w_next, ws_next, wz_next
-        if EPILOGUE == 1:
-            u_next, us_next, uz_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, k0 + BLOCK_K, K, BLOCK_K,
-                                                      QUANT, G)
+        w_next, ws_next, wz_next, u_next, us_next, uz_next = tiles_at(w_ptr, s_ptr, z_ptr, rows, rm, k0 + BLOCK_K,
+                                                                      K, N, EPILOGUE, BLOCK_K, QUANT, G)
         a0, b0, q0 = few_token(x_ptr, nw_ptr, k0, K, M, 0, w, ws, wz, u, us, uz, a0, b0, q0, EPILOGUE, XD,
                                NORM, BLOCK_K, QUANT, G)
         a1, b1, q1 = few_token(x_ptr, nw_ptr, k0, K, M, 1, w, ws, wz, u, us, uz, a1, b1, q1, EPILOGUE, XD,
@@ -696,7 +691,7 @@ def gemv_rows(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_
     k_lo = tl.program_id(1) * KSPAN  # this program's inputs: k_lo..k_hi - 1 (all of them, unsplit)
     k_hi = tl.minimum(K, k_lo + KSPAN)
     if QUANT != 2:
-        w, ws, wz, u, us, uz = first_tiles(w_ptr, s_ptr, z_ptr, rows, rm, k_lo, K, N, EPILOGUE, BLOCK_K, QUANT, G)
+        w, ws, wz, u, us, uz = tiles_at(w_ptr, s_ptr, z_ptr, rows, rm, k_lo, K, N, EPILOGUE, BLOCK_K, QUANT, G)
     rw = row_scales(s_ptr, rows, rm, QUANT)
     ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
     if PDL:
