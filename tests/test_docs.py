@@ -143,7 +143,8 @@ def collected() -> list:
 
 
 def run_command(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg",
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "MPLBACKEND": "Agg",
            # The tiny pair's 64-wide layers gain nothing from threads; on a busy 2-core machine they cost ~10x.
            "OMP_NUM_THREADS": "1"}
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)

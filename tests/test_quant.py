@@ -451,8 +451,8 @@ def test_spec_greedy_names_the_target_format_and_reports_it(monkeypatch, tmp_pat
     from spec import io, spec_greedy
 
     monkeypatch.setattr(io, "RESULTS_DIR", tmp_path)
-    out = spec_greedy.main(["--pair", "tiny", "--limit", "2", "--max-new-tokens", "8", "--target-quant", "int8",
-                            "--quiet"])
+    out = spec_greedy.main(["--pair", "tiny", "--device", "cpu", "--limit", "2", "--max-new-tokens", "8",
+                            "--target-quant", "int8", "--quiet"])
     printed = capsys.readouterr().out
     assert out["target_quant"] == "int8" and out["draft_quant"] == "int4"  # --draft-quant auto, on a CPU
     report = out["target_quant_report"]

@@ -44,7 +44,8 @@ class ServerProcess:
         if key:
             command += ["--api-key", key]
         self.proc = subprocess.Popen(command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                     env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
         self.wait_ready()
 
     def wait_ready(self, limit: float = 240) -> None:
