@@ -1,67 +1,226 @@
-"""Where a forward's time goes: the graph backend's fused kernels for n tokens (the one-token step and the fused
-verify kernels), each kernel's device time summed per kernel name over the forward.
+"""Where a one-token step's time goes, product by product, in each weight format of the draft: what stands between
+a step and its byte floor (issue 18 asks it of the int4 step).
 
-    PYTHONPATH=. python benchmarks/h200/step_profile.py --pair llama-random --device cuda --no-pdl
-    PYTHONPATH=. python benchmarks/h200/step_profile.py --pair llama-random --device cuda --graphs
+    PYTHONPATH=. python benchmarks/h200/step_profile.py --pair llama-random --device cuda \
+        --quants none,int8,int4 --json results/step_profile.json
 
-Without graphs and with PDL off (--no-pdl) each kernel's time is its own work. With --graphs the forwards
-are CUDA-graph replays as in decoding, and with PDL on a kernel's time includes its wait for the one before: the
-difference between the two profiles shows where kernels wait.
+For each model (the target in its own dtype, the draft in each of `--quants`) over a `--context`-token cache:
+
+- **own time**: the step's kernels launched one by one, without a graph and without PDL, under the profiler: each
+  kernel's time is its own work, from its first program's start to its last's end. Summed per product (q/k/v with
+  RMSNorm and rotary, attention, o, gate/up, down, the head; the rest is the embedding's row and the position's
+  fill), beside the bytes each reads, the rate that makes, the time those bytes take at the copy rate, and what
+  the profiler reports of registers a thread and occupancy;
+- **the step**: the same forward as decoding runs it, a CUDA graph with PDL (each kernel loads its first weights
+  while the one before it finishes), median of replays;
+- **the launch floor**: a graph of as many kernels that do nothing (each waits for the one before it, loads one
+  word and stores it), launched with the step's own grids and block sizes and PDL: what the chain of launches costs
+  with no bytes to read. The step cannot beat the larger of its byte floor and this; what is left above both is
+  the kernels' own latency (a product's first load, its reductions, its tail).
+
+The profile of session 4 (bf16 only, before PDL and the one-pass attention) is benchmarks/h200/step_profile.json.
 """
 
 import argparse
 import collections
 import json
+import os
+import statistics
 import sys
+import tempfile
 
 import torch
+import triton
+import triton.language as tl
 from torch.profiler import ProfilerActivity, profile
 
 from spec.cli import add_model_args, load_from_args
+from spec.harness import copy_bandwidth
+from spec.io import table
+from spec.models.base import sync_time
 from spec.models.graph import GraphModel
 
-parser = argparse.ArgumentParser()
-add_model_args(parser)
-parser.add_argument("--context", type=int, default=512)
-parser.add_argument("--ns", default="1,2,9")
-parser.add_argument("--graphs", action="store_true", help="profile CUDA-graph replays (as decoding runs them)")
-parser.add_argument("--no-pdl", action="store_true", help="launch without programmatic dependent launch")
-parser.add_argument("--json")
-args = parser.parse_args()
-args.backend = "eager"
-pair = load_from_args(args)
-out = {}
-for role in ("target", "draft"):
-    m = getattr(pair, role)
-    graph = GraphModel(m.model, m.vocab, role, max_length=args.context + 64, graphs=args.graphs, fused_step=True,
-                        pdl=not args.no_pdl)
-    context = torch.randint(0, m.vocab, (args.context - 1,), generator=torch.Generator().manual_seed(0)).cuda()
-    for n in [int(x) for x in args.ns.split(",")]:
-        ids = torch.randint(0, m.vocab, (n,), generator=torch.Generator().manual_seed(n)).cuda()
-        graph.reset()
-        graph.forward(context, keep=1)
-        for _ in range(3):
-            graph.forward(ids)
-            graph.rollback(len(context))
+PRODUCTS = ("qkv", "attention", "o", "gate_up", "down", "head", "other")
+
+
+@triton.jit
+def nothing(x_ptr, PDL: tl.constexpr):
+    """One launch of the floor's chain: wait for the kernel before (as the step's kernels wait), then one word
+    loaded and stored a program."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    i = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
+    tl.store(x_ptr + i, tl.load(x_ptr + i) + 1)
+
+
+def nbytes(w) -> int:
+    return w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes()
+
+
+def product_bytes(graph: GraphModel, context: int) -> dict[str, int]:
+    """Bytes a one-token step reads per product: its weights (codes, scales, offsets), attention its K/V."""
+    out = collections.Counter()
+    for w_qkv, w_o, w_gu, w_down in graph.step_weights:
+        out["qkv"] += nbytes(w_qkv)
+        out["o"] += nbytes(w_o)
+        out["gate_up"] += nbytes(w_gu)
+        out["down"] += nbytes(w_down)
+    out["head"] = nbytes(graph.head_weight)
+    out["attention"] = 2 * graph.k_all[:, :, :context].numel() * graph.k_all.element_size()
+    return dict(out)
+
+
+def label(names: list[str], layers: int) -> list[str]:
+    """Each kernel of consecutive forwards (in launch order) by product: the gemv kernels come three a layer (o,
+    gate/up, down) and then the head."""
+    out, gemvs = [], 0
+    for name in names:
+        if "qkv_rope" in name:
+            out.append("qkv")
+        elif "attention" in name:
+            out.append("attention")
+        elif name.startswith("gemv"):
+            i = gemvs % (3 * layers + 1)
+            out.append("head" if i == 3 * layers else ("o", "gate_up", "down")[i % 3])
+            gemvs += 1
+        else:
+            out.append("other")
+    return out
+
+
+def own_kernels(graph: GraphModel, reps: int) -> list[dict]:
+    """The one-token step's kernels, no graph, no PDL, in launch order: one forward's worth (the median over
+    `reps` forwards of each kernel's time), with its grid, block and what the profiler says of it."""
+    ids = torch.tensor([1], device=graph.device)
+    span = graph._span(graph.length + 1)
+    pdl, graph.pdl = graph.pdl, False
+
+    def step():
+        graph.pos.fill_(graph.length)
+        graph._logits(ids, span)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            step()
         torch.cuda.synchronize()
-        reps = 5
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(reps):
-                graph.forward(ids)
-                graph.rollback(len(context))
-            torch.cuda.synchronize()
-        per = collections.Counter()
-        count = collections.Counter()
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                name = e.name[:60]
-                per[name] += e.device_time / reps
-                count[name] += 1 / reps
-        total = sum(per.values())
-        print(f"{role} n={n}: kernels {total / 1e3:.3f} ms")
-        for name, us in per.most_common(12):
-            print(f"   {us:9.1f} us  x{count[name]:5.1f}  {name}")
-        out[f"{role} n={n}"] = {"total_us": total, "kernels": dict(per.most_common())}
+    graph.pdl = pdl
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        events = json.load(open(path))["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    if len(kernels) % reps:
+        raise RuntimeError(f"{len(kernels)} kernels in {reps} forwards")
+    per = len(kernels) // reps
+    out = []
+    for i, e in enumerate(kernels[:per]):
+        a = e.get("args", {})
+        out.append({"name": e["name"][:60], "us": statistics.median(kernels[r * per + i]["dur"] for r in range(reps)),
+                    "grid": a.get("grid"), "block": a.get("block"), "registers": a.get("registers per thread"),
+                    "occupancy": a.get("est. achieved occupancy %")})
+    return out
+
+
+def floor_ms(kernels: list[dict], device, replays: int = 50) -> float:
+    """Milliseconds a graph of do-nothing PDL kernels with the step's grids and blocks takes, median of 3."""
+    cells = max(g[0] * g[1] for g in (k["grid"] or [1, 1, 1] for k in kernels))
+    buf = torch.zeros(cells, dtype=torch.int32, device=device)
+
+    def chain():
+        for k in kernels:
+            grid = tuple((k["grid"] or [1, 1, 1])[:2])
+            warps = max(1, (k["block"] or [128])[0] // 32)
+            nothing[grid](buf, PDL=True, num_warps=warps, launch_pdl=True)
+
+    chain()  # compile, outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    graph.replay()
+    times = []
+    for _ in range(3):
+        start = sync_time(device)
+        for _ in range(replays):
+            graph.replay()
+        times.append((sync_time(device) - start) / replays * 1e3)
+    return statistics.median(times)
+
+
+def profile_model(model, vocab, name, quant, context, reps, rate) -> dict:
+    graph = GraphModel(model, vocab, name, max_length=context + 64, quant=quant)
+    ctx = torch.randint(0, graph.vocab, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    graph.forward(ctx, keep=1)
+    kernels = own_kernels(graph, reps)
+    layers = len(graph.layers)
+    per = collections.defaultdict(lambda: {"kernels": 0, "own_us": 0.0, "registers": set(), "occupancy": []})
+    for k, product in zip(kernels, label([k["name"] for k in kernels], layers), strict=True):
+        p = per[product]
+        p["kernels"] += 1
+        p["own_us"] += k["us"]
+        if k["registers"] is not None:
+            p["registers"].add(k["registers"])
+        if k["occupancy"] is not None:
+            p["occupancy"].append(k["occupancy"])
+    sizes = product_bytes(graph, context)
+    rows = {}
+    for product in PRODUCTS:
+        if product not in per:
+            continue
+        p, size = per[product], sizes.get(product, 0)
+        rows[product] = {"kernels": p["kernels"], "own_us": round(p["own_us"], 2), "bytes": size,
+                         "tb_per_s": round(size / p["own_us"] / 1e6, 3) if size else None,
+                         "byte_floor_us": round(size / rate * 1e6, 2),
+                         "registers": sorted(p["registers"]),
+                         "occupancy_pct": round(statistics.mean(p["occupancy"]), 1) if p["occupancy"] else None}
+    graph.reset()
+    step = graph.replay_ms(1, reps=50)
+    floor = floor_ms(kernels, graph.device)
+    total_bytes = sum(sizes.values())
+    out = {"model": name, "quant": quant, "layers": layers, "context": context, "step_ms": round(step, 4),
+           "own_sum_ms": round(sum(k["us"] for k in kernels) / 1e3, 4), "kernels": len(kernels),
+           "launch_floor_ms": round(floor, 4), "bytes": total_bytes,
+           "byte_floor_ms": round(total_bytes / rate * 1e3, 4), "products": rows, "launches": kernels}
     del graph
-if args.json:
-    json.dump({"command": " ".join(sys.argv), "profile": out}, open(args.json, "w"), indent=1)
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(parser, auto_draft=False)
+    parser.add_argument("--context", type=int, default=512, help="tokens in the cache (default 512)")
+    parser.add_argument("--quants", default="none,int8,int4", help="the draft's weight formats (the target: none)")
+    parser.add_argument("--roles", default="draft,target")
+    parser.add_argument("--reps", type=int, default=5, help="profiled forwards (each kernel's median is kept)")
+    parser.add_argument("--json", default="results/step_profile.json")
+    args = parser.parse_args()
+    args.backend, args.draft_quant = "eager", "none"  # the wrappers' own models; the formats are packed here
+    pair = load_from_args(args)
+    rate = copy_bandwidth(pair.target.device)
+    print(f"copy rate {rate / 1e12:.2f} TB/s ({torch.cuda.get_device_name()})")
+    runs = []
+    for role in args.roles.split(","):
+        m = getattr(pair, role)
+        for quant in args.quants.split(",") if role == "draft" else ["none"]:
+            r = profile_model(m.model, m.vocab, role, quant, args.context, args.reps, rate)
+            runs.append(r)
+            print(f"\n{role} {quant}: step {r['step_ms']:.3f} ms (graph, PDL); kernels alone {r['own_sum_ms']:.3f} "
+                  f"ms ({r['kernels']}); launch floor {r['launch_floor_ms']:.3f} ms; byte floor "
+                  f"{r['byte_floor_ms']:.3f} ms ({r['bytes'] / 1e9:.3f} GB)")
+            print(table([{"product": p, **v, "MB": v["bytes"] / 1e6, "registers": str(v["registers"])}
+                         for p, v in r["products"].items()],
+                        [("product", "s"), ("kernels", "d"), ("own_us", ".1f"), ("MB", ".1f"), ("tb_per_s", ".2f"),
+                         ("byte_floor_us", ".1f"), ("registers", "s"), ("occupancy_pct", ".1f")]))
+            os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+            with open(args.json, "w") as f:  # after every model: nothing measured is lost to a later failure
+                json.dump({"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(),
+                           "copy_tb_per_s": round(rate / 1e12, 3), "runs": runs}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
