@@ -337,7 +337,8 @@ def check_int4_products(device: str) -> None:
         head_major = 16 if epilogue == kernels.ADD and tokens > 1 else 0  # the o product reads the attention's output
         inputs = x if not head_major else x.view(tokens, k // 16, 16).transpose(0, 1).contiguous()
         # (SPARK_SPEC_FEW_TOKENS=0 in the environment: the tensor-core kernel in its own tiles instead)
-        tiles = config if tokens == 1 else kernels.few_tile(config, tokens, "int4") \
+        kind = {kernels.ADD: "add", kernels.SILU_MUL: "silu_mul", kernels.LOGITS: "logits"}[epilogue]
+        tiles = config if tokens == 1 else kernels.few_tile(config, tokens, "int4", kind) \
             if tokens <= kernels.MAX_FEW_TOKENS else None
         kernels.gemv(inputs.squeeze(0).to(device), packed, got.squeeze(0), epilogue,
                      None if norm is None else norm.to(device), 1e-6, tiles, head_major)
@@ -619,7 +620,8 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
     # gate/up and the head the word kernel's own tile, at most the inputs' width (a power of two, at least 256)
     assert kernels.gemv_config("add", 4096, 4096, quant="int8") == (8, 1024, 8)
     assert kernels.gemv_config("logits", 128256, 2048, quant="int8") == kernels.gemv_config("logits", 128256, 2048)
-    with kernels.trying({**kernels.TUNED["NVIDIA H200"], ("logits", 151936, 896): (32, 512, 4)}):
+    h200_bf16 = {key: tiles for key, tiles in kernels.TUNED["NVIDIA H200"].items() if "@" not in key[0]}
+    with kernels.trying({**h200_bf16, ("logits", 151936, 896): (32, 512, 4)}):  # the rule over the H200's bf16 tiles
         assert kernels.gemv_config("logits", 128256, 2048) == (16, 128, 4)  # the H200's bf16 head tile
         for quant in ("int8", "fp8"):
             assert kernels.gemv_config("logits", 128256, 2048, quant=quant) == (16, 256, 4)
@@ -633,15 +635,27 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
         # 5-16 tokens: a packed head keeps the plain width's tiles
         assert kernels.gemv_config("logits", 128256, 4096, tokens=9, quant="int4") == \
             kernels.gemv_config("logits", 128256, 4096, tokens=9)
-        # 2-4 tokens over packed weights (gemv_few): the one-token tile, int4's with half its columns
+        # 2-4 tokens over packed weights (gemv_few): the one-token tile, but int4's gate/up and int8's / fp8's
+        # head with half its columns
         assert kernels.gemv_config("silu_mul", 8192, 2048, tokens=2, quant="int4") == (16, 512, 4)
-        assert kernels.gemv_config("add", 2048, 8192, tokens=4, quant="int4") == (8, 2048, 8)
-        assert kernels.gemv_config("add", 2048, 8192, tokens=3, quant="int8") == \
-            kernels.gemv_config("add", 2048, 8192, quant="int8")
+        assert kernels.gemv_config("add", 2048, 8192, tokens=4, quant="int4") == (8, 4096, 8)
+        assert kernels.gemv_config("logits", 128256, 2048, tokens=2, quant="int4") == \
+            kernels.gemv_config("logits", 128256, 2048, quant="int4")
+        assert kernels.gemv_config("qkv", 32, 2048, tokens=2, quant="int4") == \
+            kernels.gemv_config("qkv", 32, 2048, quant="int4")
+        assert kernels.gemv_config("raw", 3072, 2048, tokens=2, quant="int4") == \
+            kernels.gemv_config("add", 3072, 2048, quant="int4")
+        for quant in ("int8", "fp8"):
+            assert kernels.gemv_config("add", 2048, 8192, tokens=3, quant=quant) == \
+                kernels.gemv_config("add", 2048, 8192, quant=quant)
+            assert kernels.gemv_config("silu_mul", 8192, 2048, tokens=2, quant=quant) == \
+                kernels.gemv_config("silu_mul", 8192, 2048, quant=quant)
+            assert kernels.few_tile((16, 1024, 4), 4, quant, "logits") == (16, 512, 4)
+            assert kernels.few_tile((16, 256, 4), 2, quant, "logits") == (16, kernels.PACKED_HEAD_COLUMNS, 4)
         assert kernels.gemv_config("silu_mul", 8192, 2048, tokens=5, quant="int4") == \
             kernels.gemv_config("silu_mul", 8192, 2048, tokens=5)  # past MAX_FEW_TOKENS: the tensor cores' tiles
     with pytest.raises(ValueError, match="2-4 tokens"):
-        kernels.few_tile((16, 1024, 4), 5, "int4")
+        kernels.few_tile((16, 1024, 4), 5, "int4", "add")
     assert kernels.fit_shared_memory((16, 256, 2, 6), 2, 1, 64) == (16, 256, 2, 4)  # 6 x 80 x 256 x 2 B > 180 KB
     with pytest.raises(ValueError, match="at most 64"):
         kernels.tile_tokens(65)
@@ -665,7 +679,8 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
     path.write_text('{"configs": [{"kind": "add", "n": 4096, "k": 4096, "bn": 2, "block_k": 128, "warps": 4},'
                     ' {"kind": "add_rows", "n": 4096, "k": 4096, "bn": 64, "block_k": 64, "warps": 4, "stages": 3},'
                     ' {"kind": "add_rows64", "n": 4096, "k": 4096, "bn": 32, "block_k": 32, "warps": 8, "stages": 2},'
-                    ' {"kind": "add@int4", "n": 4096, "k": 4096, "bn": 4, "block_k": 2048, "warps": 8}]}')
+                    ' {"kind": "add@int4", "n": 4096, "k": 4096, "bn": 4, "block_k": 2048, "warps": 8},'
+                    ' {"kind": "add_few@int8", "n": 4096, "k": 4096, "bn": 8, "block_k": 1024, "warps": 4}]}')
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some GPU/1")
     gpu = torch.device("cuda")
     try:
@@ -674,6 +689,8 @@ def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
         assert kernels.gemv_config("add", 4096, 4096, gpu, tokens=40, quant="int4") == (32, 32, 8, 2)  # plain's
         assert kernels.gemv_config("add", 2048, 2048, gpu, tokens=40, quant="int4") == kernels.WIDE_TILE
         assert kernels.gemv_config("add", 4096, 4096, gpu, quant="int4") == (4, 2048, 8)  # its own entry
+        assert kernels.gemv_config("add", 4096, 4096, gpu, tokens=3, quant="int4") == (4, 2048, 8)  # one token's
+        assert kernels.gemv_config("add", 4096, 4096, gpu, tokens=3, quant="int8") == (8, 1024, 4)  # its own
         assert kernels.gemv_config("add", 4096, 4096, gpu, quant="int8") == (2, 256, 4)  # the bf16 tile's bytes
         assert kernels.gemv_config("add", 4096, 4096, gpu) == (2, 128, 4)
         with kernels.trying({("add_rows64", 4096, 4096): (16, 64, 4, 2)}):  # on trial: before the table
@@ -797,7 +814,8 @@ def test_the_fused_backend_compiles_nothing_and_prepares_its_graphs_ahead(monkey
     target.prepare(5, 300)
     draft.prepare(2, 300)
     # graphs of 1-5 tokens and of a prompt's 16-token chunk, at both spans; their kernels compiled in a dry run
-    assert {n for n, _ in target._graphs} == {1, 2, 3, 4, 5, 16} and {s for _, s in target._graphs} == {256, 512}
+    assert {n for n, _, _ in target._graphs} == {1, 2, 3, 4, 5, 16} and {s for _, s, _ in target._graphs} == {256, 512}
+    assert not any(tree for *_, tree in target._graphs)  # no tree's graphs without tree_tokens
     import triton
 
     assert (True in ahead) == hasattr(triton, "AsyncCompileMode") and ahead[-1] is False

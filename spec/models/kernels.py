@@ -294,6 +294,20 @@ TUNED: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = {
         ("silu_mul_rows32", 14336, 4096): (64, 64, 4, 4),
         ("add_rows32", 4096, 14336): (64, 128, 4, 4),
         ("logits_rows32", 128256, 4096): (64, 64, 4, 4),
+        # Llama-3.2-1B's one-token products over int4 / int8 codes (session 21, benchmarks/h200/session21/), all
+        # five of each kept by the tuner's whole-forward check: the int4 forward 0.592 -> 0.539 ms, int8 0.697 ->
+        # 0.603; the step in bench_engine, the same call, int4 0.601 -> 0.558, int8 0.717 -> 0.620. (q/k/v: 16 rows
+        # of 2048 a program where the rule gave 2, 96 programs where it gave 768.)
+        ("qkv@int4", 32, 2048): (16, 2048, 8),
+        ("add@int4", 2048, 2048): (8, 2048, 4),
+        ("silu_mul@int4", 8192, 2048): (16, 1024, 4),
+        ("add@int4", 2048, 8192): (8, 4096, 8),
+        ("logits@int4", 128256, 2048): (16, 1024, 4),
+        ("qkv@int8", 32, 2048): (4, 512, 4),
+        ("add@int8", 2048, 2048): (4, 1024, 4),
+        ("silu_mul@int8", 8192, 2048): (16, 128, 4),
+        ("add@int8", 2048, 8192): (4, 2048, 4),
+        ("logits@int8", 128256, 2048): (8, 512, 4),
     },
     "NVIDIA H100 80GB HBM3": {  # session 15: what won end to end (benchmarks/h100/session15/README.md)
         # Llama-3.1-8B, a tree's verify of 17-32 tokens (1.303 one-token steps at 32 against the wide rule's 1.314)
@@ -318,6 +332,11 @@ TUNED: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = {
         ("silu_mul@int8", 4864, 896): (8, 256, 4),
         ("add@int8", 896, 4864): (4, 1024, 8),
         ("logits@int8", 151936, 896): (32, 128, 4),
+        # Llama-3.2-1B's o and down at 2-4 tokens over int8 codes (gemv_few), twice the one-token tile's rows: o
+        # 5.45 / 7.00 µs at 2 / 4 tokens against 6.10 / 7.84, down 11.49 / 14.49 against 11.46 / 18.05 (session 21,
+        # benchmarks/h100/session21/, timed alone)
+        ("add_few@int8", 2048, 2048): (8, 1024, 4),
+        ("add_few@int8", 2048, 8192): (8, 2048, 4),
     },
 }
 
@@ -407,7 +426,8 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     width and this format if there is one (`tuned_kind`); else a rule: the plain weights' entry for this width (or a
     default per kind: past 16 tokens the wide tile), whose one-token tile is widened for packed weights to the bf16
     tile's bytes (`packed_columns`), but for the head, which keeps bf16's tile at least PACKED_HEAD_COLUMNS wide;
-    int4's one-token gate/up and head take INT4_TILE; a `gemv_few` product the one-token tile (`few_tile`)."""
+    int4's one-token gate/up and head take INT4_TILE; a `gemv_few` product its kind's one-token tile, as `few_tile`
+    adapts it."""
     table = _tuned(torch.cuda.get_device_name(device)) if device is not None and device.type == "cuda" else {}
     if _TRIAL:
         table = {**table, **_TRIAL}
@@ -415,7 +435,8 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     if exact:
         return exact
     if few_tokens(tokens, quant):  # RAW (q/k/v's multi-token product) as an ADD's rows
-        return few_tile(gemv_config("add" if kind == "raw" else kind, n, k, device, 1, quant), tokens, quant)
+        kind = "add" if kind == "raw" else kind
+        return few_tile(gemv_config(kind, n, k, device, 1, quant), tokens, quant, kind)
     config = table.get((tuned_kind(kind, tokens), n, k))  # the plain weights' entry
     if tokens > MAX_FUSED_TOKENS:
         if kind not in ("qkv", "add", "silu_mul", "logits", "raw"):
@@ -436,17 +457,27 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     return (config[0], packed_columns(config[1], k, KERNEL_FORMATS[quant]), *config[2:])
 
 
-def few_tile(one_token: tuple[int, ...], tokens: int, quant: str) -> tuple[int, ...]:
-    """A 2-MAX_FEW_TOKENS-token product's tile over packed weights (`gemv_few`): the one-token tile, each token with
-    its own running sums in that tile's layouts; for int4 with half its columns (at least a group): the floats of a
-    tile's codes stay in registers while every token's sums take them. Compiled for sm_90 (benchmarks/kernel_mix.py),
-    the 1B's gate/up in INT4_TILE's full width spilled at 2 tokens (200 bytes a thread); halved, it does not, at 6.2
-    / 9.9 instructions a weight for 2 / 4 tokens (int8 in its one-token tile 10.6 / 14.6; one token 4.0 and 6.1)."""
+def few_tile(one_token: tuple[int, ...], tokens: int, quant: str, kind: str) -> tuple[int, ...]:
+    """A 2-MAX_FEW_TOKENS-token product's tile over packed weights (`gemv_few`): the one-token tile of its `kind`,
+    each token with its own running sums in that tile's layouts, but
+    - int4's gate/up (silu_mul) with half its columns (at least a group): compiled for sm_90
+      (benchmarks/kernel_mix.py), the 1B's gate/up in INT4_TILE's full width spilled at 2 tokens (200 bytes a
+      thread); halved it does not, and took 18.6 µs at 2 tokens against 23.6 (H100, session 21). int4's o, down and
+      head keep the whole tile: halved like gate/up (session 20's rule) they took 7.4 / 21.3 µs at 2 tokens against
+      6.2 / 14.4 (o, down; the head even), 15.0 / 47.5 against 13.2 / 33.2 at 4;
+    - int8's and fp8's head (logits) with half its columns, but at least PACKED_HEAD_COLUMNS: on an H100 the 1B's
+      int8 head in (16, 1024, 4) took 161.6 / 309.6 µs at 2 / 4 tokens, in (16, 512, 4) 132.6 / 224.7 (each token's
+      sums of a 1024-column tile are 32 registers a thread more); on an H200, whose int8 head is 256 columns wide,
+      halved to 128 the 1B's 4-token forward took 1.50-1.53 ms against 1.47 at 256.
+    Timed alone on an H100 (`benchmarks/h200/packed_gemv.py --tokens 1,2,4`, benchmarks/h100/session21/); the H200's
+    forwards in benchmarks/h200/session21/."""
     if not few_tokens(tokens, quant):
         raise ValueError(f"gemv_few takes 2-{MAX_FEW_TOKENS} tokens over packed weights, not {tokens} over {quant}")
     bn, block_k, warps = one_token[:3]
-    if quant == "int4":
+    if quant == "int4" and kind == "silu_mul":
         block_k = max(GROUP, block_k // 2)
+    elif quant != "int4" and kind == "logits":
+        block_k = max(PACKED_HEAD_COLUMNS, block_k // 2)
     return bn, block_k, warps
 
 

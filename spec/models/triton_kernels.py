@@ -15,7 +15,6 @@ def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_pt
                       RSTRIDE: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     h = tl.program_id(0)
     s = tl.program_id(1)
     pos = tl.load(pos_ptr)
@@ -25,9 +24,20 @@ def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_pt
     row_ok = rows < rows_n
     seen = pos + rows % n_tokens  # the last cache position each row may attend to
     key_ok = keys <= pos + n_tokens - 1
+    # The slots before pos hold earlier forwards' keys and values: every forward begins with kernels launched
+    # without PDL (the embedding's row, the position's fill), which start once all work before them has finished,
+    # so those slots are written before this kernel starts, and with PDL they are loaded before the wait, while the
+    # q/k/v kernel still runs. This forward's own slots, pos.., which that kernel writes, are loaded after it.
+    at = h * stride_kh + keys[:, None] * D + d[None, :]
+    earlier = (keys < pos)[:, None]
+    k = tl.load(k_ptr + at, mask=earlier, other=0.0)
+    v = tl.load(v_ptr + at, mask=earlier, other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    new = (key_ok & (keys >= pos))[:, None]
+    k = tl.where(new, tl.load(k_ptr + at, mask=new, other=0.0), k)
+    v = tl.where(new, tl.load(v_ptr + at, mask=new, other=0.0), v)
     q = tl.load(q_ptr + h * stride_qh + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
-    k = tl.load(k_ptr + h * stride_kh + keys[:, None] * D + d[None, :], mask=key_ok[:, None], other=0.0)
-    v = tl.load(v_ptr + h * stride_kh + keys[:, None] * D + d[None, :], mask=key_ok[:, None], other=0.0)
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [ROWS, CHUNK], fp32
     if TREE:
         # A token tree: tree_ptr = [base, bits of token 0, ..]; a row sees every slot before `base` and, of the 64
