@@ -11,14 +11,16 @@ For each model (the target in its own dtype, the draft in each of `--quants`) ov
   RMSNorm and rotary, attention, o, gate/up, down, the head; the rest is the embedding's row and the position's
   fill), beside the bytes each reads, the rate that makes, the time those bytes take at the copy rate, and what
   the profiler reports of registers a thread and occupancy;
-- **the step**: the same forward as decoding runs it, a CUDA graph with PDL (each kernel loads its first weights
-  while the one before it finishes), median of replays;
+- **the step**: the same forward as decoding runs it, over the same cache (`bench_engine.step_ms`: a CUDA graph with
+  PDL, each kernel loading its first weights while the one before it finishes);
 - **the launch floor**: a graph of as many kernels that do nothing (each waits for the one before it, loads one
   word and stores it), launched with the step's own grids and block sizes and PDL: what the chain of launches costs
   with no bytes to read. The step cannot beat the larger of its byte floor and this; what is left above both is
   the kernels' own latency (a product's first load, its reductions, its tail).
 
 The profile of session 4 (bf16 only, before PDL and the one-pass attention) is benchmarks/h200/step_profile.json.
+Session 21's runs timed the step at position 0 over a 256-slot span instead (`GraphModel.replay_ms`): 1-3 % below
+the step at 512 tokens.
 """
 
 import argparse
@@ -34,6 +36,7 @@ import triton
 import triton.language as tl
 from torch.profiler import ProfilerActivity, profile
 
+from spec.bench_engine import step_ms
 from spec.cli import add_model_args, load_from_args
 from spec.harness import copy_bandwidth
 from spec.io import table
@@ -177,8 +180,7 @@ def profile_model(model, vocab, name, quant, context, reps, rate) -> dict:
                          "byte_floor_us": round(size / rate * 1e6, 2),
                          "registers": sorted(p["registers"]),
                          "occupancy_pct": round(statistics.mean(p["occupancy"]), 1) if p["occupancy"] else None}
-    graph.reset()
-    step = graph.replay_ms(1, reps=50)
+    step = step_ms(graph, torch.tensor(ctx, device=graph.device), 1, 50, graph.vocab)
     floor = floor_ms(kernels, graph.device)
     total_bytes = sum(sizes.values())
     out = {"model": name, "quant": quant, "layers": layers, "context": context, "step_ms": round(step, 4),

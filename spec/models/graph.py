@@ -307,7 +307,9 @@ class GraphModel:
             self.cos_tree.index_copy_(0, slots, self.cos[self.tree_positions[:n]])
             self.sin_tree.index_copy_(0, slots, self.sin[self.tree_positions[:n]])
             cos, sin, mask = self.cos_tree, self.sin_tree, self.tree[: n + 1]
-        h = self.model.model.embed_tokens(ids)  # the residual stream [n, hidden], updated in place
+        # The residual stream [n, hidden], updated in place. A kernel launched without PDL, first of the forward: the
+        # attention reads the cache slots of earlier forwards before its PDL wait (kernels.decode_attention).
+        h = self.model.model.embed_tokens(ids)
         q = torch.empty((self.heads, n, self.head_dim), dtype=h.dtype, device=h.device)  # head-major
         act = torch.empty((n, self.intermediate), dtype=h.dtype, device=h.device)
         head = self.head_weight

@@ -190,7 +190,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """Attention of q [kv_heads, rows, D] (row r is token r % n_tokens, in cache slot pos + r % n_tokens) over the
     first `span` positions of the caches [kv_heads, capacity, D]; returns [kv_heads, rows, D] in q's dtype. Causal,
     or with `tree` ([base, a 64-bit mask per token], int64; `tree_visible`) each token sees the slots before base
-    and, from base on, its marked ancestors and itself."""
+    and, from base on, its marked ancestors and itself.
+
+    With `pdl`, the slots before `pos` are read before the kernel waits for the one launched before it, so they must
+    be written before the forward starts: a forward begins with a kernel launched without PDL (graph.py: the
+    embedding's row, after `pos.fill_`), which starts once all work before it has finished; only slots pos.. may be
+    written within the forward (by the q/k/v kernel or an index_put before this one)."""
     heads, rows_n, dim = q.shape
     if rows_n > MAX_ROWS * MAX_ROW_BLOCKS:  # (a prompt through the layer stack)
         return masked_sdpa(q, k_cache, v_cache, pos, span, n_tokens, scale, tree)
@@ -334,7 +339,7 @@ TUNED: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = {
         ("logits@int8", 151936, 896): (32, 128, 4),
         # Llama-3.2-1B's o and down at 2-4 tokens over int8 codes (gemv_few), twice the one-token tile's rows: o
         # 5.45 / 7.00 µs at 2 / 4 tokens against 6.10 / 7.84, down 11.49 / 14.49 against 11.46 / 18.05 (session 21,
-        # benchmarks/h100/session21/, timed alone)
+        # benchmarks/h100/session21/, timed alone, not checked in a whole forward)
         ("add_few@int8", 2048, 2048): (8, 1024, 4),
         ("add_few@int8", 2048, 8192): (8, 2048, 4),
     },
@@ -434,7 +439,7 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     exact = table.get((tuned_kind(kind, tokens, quant), n, k))
     if exact:
         return exact
-    if few_tokens(tokens, quant):  # RAW (q/k/v's multi-token product) as an ADD's rows
+    if few_tokens(tokens, quant):  # RAW (a product asked for without the q/k/v wrapper's tile) as an ADD's rows
         kind = "add" if kind == "raw" else kind
         return few_tile(gemv_config(kind, n, k, device, 1, quant), tokens, quant, kind)
     config = table.get((tuned_kind(kind, tokens), n, k))  # the plain weights' entry
@@ -467,8 +472,11 @@ def few_tile(one_token: tuple[int, ...], tokens: int, quant: str, kind: str) -> 
       6.2 / 14.4 (o, down; the head even), 15.0 / 47.5 against 13.2 / 33.2 at 4;
     - int8's and fp8's head (logits) with half its columns, but at least PACKED_HEAD_COLUMNS: on an H100 the 1B's
       int8 head in (16, 1024, 4) took 161.6 / 309.6 µs at 2 / 4 tokens, in (16, 512, 4) 132.6 / 224.7 (each token's
-      sums of a 1024-column tile are 32 registers a thread more); on an H200, whose int8 head is 256 columns wide,
-      halved to 128 the 1B's 4-token forward took 1.50-1.53 ms against 1.47 at 256.
+      sums of a 1024-column tile are 32 registers a thread more); on an H200, whose int8 head was 256 columns wide,
+      halved to 128 the 1B's 4-token forward took 1.50-1.53 ms against 1.47 at 256 (at 2 tokens 0.92 against 0.94).
+    q/k/v's 2-4-token product (`qkv_rope` passes its one-token tile, kind "qkv") keeps that tile whole, as it is a
+    product of few rows like o; not timed alone: the H200's 1B forwards of 2 tokens took 0.90 ms with its tuned
+    tiles, 4 tokens 1.70 (int4) with the rule's.
     Timed alone on an H100 (`benchmarks/h200/packed_gemv.py --tokens 1,2,4`, benchmarks/h100/session21/); the H200's
     forwards in benchmarks/h200/session21/."""
     if not few_tokens(tokens, quant):

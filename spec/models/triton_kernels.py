@@ -116,7 +116,8 @@ def attention_combine(o_ptr, m_ptr, l_ptr, out_ptr, rows_n, splits,
 #
 # With PDL (programmatic dependent launch, Hopper and later) a kernel lets the next one start at once; the next one
 # loads its first weight tile -- weights no kernel writes -- and only then waits for this one to finish. The wait
-# is the first thing before any read of another kernel's output and before any write.
+# is the first thing before any read of another kernel's output and before any write (but the attention's reads of
+# cache slots earlier forwards wrote: `attention_partial`, kernels.decode_attention).
 
 
 #
