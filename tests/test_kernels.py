@@ -888,6 +888,23 @@ def test_split_products_replayed_in_a_graph_are_bitwise_stable(scheme, tokens):
     assert (unsplit - first).abs().max() <= 2 * 2048 * torch.finfo(torch.float32).eps / 2 * bound
 
 
+def test_step_profile_names_each_kernel_by_product_and_counts_its_bytes(monkeypatch):
+    """benchmarks/h200/step_profile.py: the kernels of consecutive forwards, in launch order, go to their products
+    (the gemv kernels come three a layer, o, gate/up, down, then the head), and a product's bytes are its weights'
+    in every layer, attention's the keys and values it reads."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks" / "h200"))
+    from step_profile import label, product_bytes
+
+    forward = ["elementwise", "indexSelect", *["qkv_rope", "attention_partial", "gemv", "gemv", "gemv"] * 2, "gemv"]
+    one = ["other", "other", *["qkv", "attention", "o", "gate_up", "down"] * 2, "head"]
+    assert label(forward * 2, layers=2) == one * 2
+    model = GraphModel(small_model("llama", torch.float32, "cpu"), max_length=64, graphs=False)
+    # 2 layers, hidden 128, 4 heads and 2 K/V heads of 32, intermediate 192, vocab 300, fp32
+    assert product_bytes(model, 32) == {"qkv": 2 * 256 * 128 * 4, "o": 2 * 128 * 128 * 4, "gate_up": 2 * 384 * 128 * 4,
+                                        "down": 2 * 128 * 192 * 4, "head": 300 * 128 * 4,
+                                        "attention": 2 * 2 * 2 * 32 * 32 * 4}
+
+
 def test_kernel_mix_counts_the_loop_body_of_the_disassembly(monkeypatch):
     """benchmarks/kernel_mix.py's per-weight counts come from the longest backward branch's body: modifiers and
     predicates dropped (uniform ones too, and cuobjdump's encoding comments), the code before and after the loop

@@ -25,6 +25,7 @@ the step at 512 tokens.
 
 import argparse
 import collections
+import functools
 import json
 import os
 import statistics
@@ -32,8 +33,6 @@ import sys
 import tempfile
 
 import torch
-import triton
-import triton.language as tl
 from torch.profiler import ProfilerActivity, profile
 
 from spec.bench_engine import step_ms
@@ -46,15 +45,22 @@ from spec.models.graph import GraphModel
 PRODUCTS = ("qkv", "attention", "o", "gate_up", "down", "head", "other")
 
 
-@triton.jit
-def nothing(x_ptr, PDL: tl.constexpr):
-    """One launch of the floor's chain: wait for the kernel before (as the step's kernels wait), then one word
-    loaded and stored a program."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    i = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
-    tl.store(x_ptr + i, tl.load(x_ptr + i) + 1)
+@functools.cache
+def nothing():
+    """The floor chain's kernel (Triton is imported here: only GPU machines have it): wait for the kernel before, as
+    the step's kernels wait, then one word loaded and stored a program."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(x_ptr, PDL: tl.constexpr):
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        i = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
+        tl.store(x_ptr + i, tl.load(x_ptr + i) + 1)
+
+    return kernel
 
 
 def nbytes(w) -> int:
@@ -137,7 +143,7 @@ def floor_ms(kernels: list[dict], device, replays: int = 50) -> float:
         for k in kernels:
             grid = tuple((k["grid"] or [1, 1, 1])[:2])
             warps = max(1, (k["block"] or [128])[0] // 32)
-            nothing[grid](buf, PDL=True, num_warps=warps, launch_pdl=True)
+            nothing()[grid](buf, PDL=True, num_warps=warps, launch_pdl=True)
 
     chain()  # compile, outside the capture
     torch.cuda.synchronize()
