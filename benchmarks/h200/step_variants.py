@@ -1,9 +1,14 @@
 """ms per forward of the graph backend's variants on one pair, side by side in one process: the fused kernels for
 1-16 tokens with and without programmatic dependent launch ("fused", the default), the same with the attention's
 combine always a second kernel ("twopass"), the fused one-token step with verifies on the layer stack ("fused1"),
-and the layer stack alone (not compiled), each for forwards of 1, 2, 5, 8, 9 and 16 tokens.
+and the layer stack alone (not compiled), each for forwards of 1, 2, 5, 8, 9 and 16 tokens; "chunk<N>" runs the fused
+kernels with the split-KV attention reading N cached positions a program (the rule, `kernels._chunk`: 32 up to a
+1024-token span), so fewer programs a head and fewer partial sums for its last program to combine. The draft runs
+in `--draft-quant`'s format (none, int8, int4, fp8).
 
     PYTHONPATH=. python benchmarks/h200/step_variants.py --pair llama-random --device cuda
+    PYTHONPATH=. python benchmarks/h200/step_variants.py --pair llama-random --device cuda --ns 1 \
+        --variants fused+pdl,chunk64+pdl,chunk128+pdl --draft-quant int4 --context 512
 """
 
 import argparse
@@ -18,28 +23,29 @@ from spec.models import kernels
 from spec.models.graph import GraphModel
 
 parser = argparse.ArgumentParser()
-add_model_args(parser)
+add_model_args(parser, auto_draft=False)
 parser.add_argument("--context", type=int, default=512)
 parser.add_argument("--reps", type=int, default=50)
 parser.add_argument("--ns", default="1,2,5,8,9,16")
 parser.add_argument("--variants", default="fused+pdl,fused,twopass+pdl,fused1+pdl,stack")
 parser.add_argument("--json")
 args = parser.parse_args()
-args.backend = "eager"
+args.backend, quant, args.draft_quant = "eager", args.draft_quant, "none"  # the draft is packed here
 pair = load_from_args(args)
 context = torch.randint(0, pair.target.vocab, (args.context - 1,), generator=torch.Generator().manual_seed(0))
 context = context.to(pair.device)
 ns = [int(n) for n in args.ns.split(",")]
 variants = args.variants.split(",")
-one_pass = kernels.ONE_PASS_ELEMENTS
+one_pass, chunk = kernels.ONE_PASS_ELEMENTS, kernels._chunk
 rows = {}
 for variant in variants:
     kernels.ONE_PASS_ELEMENTS = 0 if variant.startswith("twopass") else one_pass
+    kernels._chunk = (lambda span, n=int(variant[5:].split("+")[0]): n) if variant.startswith("chunk") else chunk
     for role in ("target", "draft"):
         m = getattr(pair, role)
         graph = GraphModel(m.model, m.vocab, role, max_length=args.context + 64, fused_step=variant != "stack",
                            fused_tokens=None if variant == "stack" else 1 if variant.startswith("fused1") else 16,
-                           pdl=variant.endswith("+pdl"))
+                           pdl=variant.endswith("+pdl"), quant=quant if role == "draft" else "none")
         for n in ns:
             rows[f"{role} {variant} n={n}"] = ms = step_ms(graph, context, n, args.reps, m.vocab)
             print(f"{role:6s} {variant:10s} n={n:2d} {ms:.3f} ms", flush=True)

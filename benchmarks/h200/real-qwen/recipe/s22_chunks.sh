@@ -1,0 +1,11 @@
+# For a next machine (carry .whl): the split-KV attention's chunk (cached positions a program) in the one-token step.
+# Session 21's profile timed the attention at 4.6 µs a layer for 1 MB of K/V in every format (12 % of the H200's int4
+# 1B step; 172 µs of the 8B's): fewer, longer chunks leave its last program fewer partial sums to combine. The rule
+# (32 up to a 1024-token span) against 64 and 128, at 512 and 2048 tokens, the rule run first and last.
+source "$(dirname "$0")/env.sh"
+mkdir -p results
+for ctx in 512 2048; do
+  timeout 250 python3 benchmarks/h200/step_variants.py --pair llama-random --device cuda --ns 1 --context $ctx \
+    --variants fused+pdl,chunk64+pdl,chunk128+pdl,fused+pdl --draft-quant int4 --json $OUT/chunks-$ctx.json \
+    > $OUT/chunks-$ctx.log 2>&1; echo "context $ctx rc=$?"; grep -E "ms$" $OUT/chunks-$ctx.log
+done
