@@ -34,6 +34,13 @@ ALTERNATES = {("int4", "head"): [(32, 1024, 4), (16, 256, 4)], ("int8", "head"):
               ("int4", "o"): [(32, 1024, 4), (8, 2048, 8)]}
 
 
+# q/k/v's 2-4-token product over packed weights: a RAW product of all 3072 rows into fp32 (its rotary embedding is a
+# second kernel), in the tile the q/k/v wrapper passes (`kernels.gemv_config("qkv", head size / 2, ...)`). Its
+# one-token product is another kernel (`qkv_rope`), not timed here.
+QKV = ("qkv", kernels.RAW, 3072, 2048)
+QKV_HALF_HEAD = 32
+
+
 def weight(scheme: str, rows: int, k: int, device) -> torch.Tensor | PackedWeight:
     g = torch.Generator(device=device).manual_seed(0)
     if scheme == "none":
@@ -88,7 +95,8 @@ def time_us(launches, repeats: int = 20, trials: int = 10) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--schemes", default="none,int8,int4")
-    parser.add_argument("--products", default=",".join(PRODUCTS))
+    parser.add_argument("--products", default=",".join(PRODUCTS), help=f"of {', '.join(PRODUCTS)} and qkv (2-4 "
+                        "tokens over packed weights only)")
     parser.add_argument("--tokens", default="1", help="token counts, e.g. 1,2,4: packed weights' 2-4-token products "
                         "go through kernels.gemv_few, timed in the chosen tile and a few others (`few_alternates`); "
                         "the rest (bf16's, past 4 tokens) in the chosen tile only")
@@ -99,16 +107,19 @@ def main() -> None:
     rows = []
     for scheme in args.schemes.split(","):
         for name in args.products.split(","):
-            kind, epilogue, n, k = PRODUCTS[name]
+            kind, epilogue, n, k = QKV if name == "qkv" else PRODUCTS[name]
             copies = [weight(scheme, n * (2 if epilogue == kernels.SILU_MUL else 1), k, device)]
             size = nbytes(copies[0])
             copies += [copy_of(copies[0]) for _ in range(min(19, -(-L2_CLEAR // size) - 1))]
             norm = None if epilogue == kernels.ADD else torch.ones(k, device=device, dtype=torch.bfloat16)
             for tokens in map(int, args.tokens.split(",")):
+                if name == "qkv" and not kernels.few_tokens(tokens, scheme):
+                    continue
                 x = torch.randn(tokens, k, device=device, dtype=torch.bfloat16).squeeze(0)
-                dtype = torch.float32 if epilogue == kernels.LOGITS else torch.bfloat16
+                dtype = torch.float32 if epilogue in (kernels.LOGITS, kernels.RAW) else torch.bfloat16
                 out = torch.zeros(tokens, n, device=device, dtype=dtype).squeeze(0)
-                chosen = tuple(kernels.gemv_config(kind, n, k, device, tokens, scheme))
+                chosen = tuple(kernels.gemv_config(kind, QKV_HALF_HEAD if name == "qkv" else n, k, device, tokens,
+                                                   scheme))
                 alternates = ALTERNATES.get((scheme, name), []) if tokens == 1 else \
                     few_alternates(chosen, tokens) if kernels.few_tokens(tokens, scheme) else []
                 configs = list(dict.fromkeys([chosen, *alternates]))
