@@ -1,4 +1,4 @@
-# For a next machine (carry .whl): the split-KV attention's chunk (cached positions a program) in the one-token step,
+# For a next machine (carry .whl): the split-KV attention's chunk (cached positions a program) in the one-token step, then q/k/v's 2-4-token packed product.
 # Session 21's profile timed the attention at 4.6 µs a layer for 1 MB of K/V in every format (12 % of the H200's int4
 # 1B step; 172 µs of the 8B's): fewer, longer chunks leave its last program fewer partial sums to combine. The rule
 # (32 up to a 1024-token span) against 64 and 128, at 512 and 2048 tokens, the rule run first and last.
