@@ -7,7 +7,9 @@ depend on their values.
 
     PYTHONPATH=. python benchmarks/h200/packed_gemv.py --json results/packed_gemv.json
 
-Issue 18 asks what stands between the int4 step and its byte floor; this answers it per product.
+Issue 18 asks what stands between the int4 step and its byte floor; this answers it per product. Beside ours, the
+libraries' products of the same shapes (`library_products`: tinygemm for int4, gpt-fast's int8, cuBLAS), which issue
+18 asks ours to be measured against in the same run.
 """
 
 import argparse
@@ -23,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernel_mix import PRODUCTS, compile_product  # noqa: E402
 
 from spec.models import kernels  # noqa: E402
-from spec.models.quant import GROUP, PackedWeight  # noqa: E402
+from spec.models.quant import GROUP, PackedWeight, QuantLinear  # noqa: E402
 
 # Tiles timed beside the ones the wrappers choose. A packed head in bf16's H200 tile (128 columns) issued 16.8
 # instructions a weight in its loop against 8.9 at 256 (kernel_mix.py); the H100 measured 102 us at (16, 256, 4)
@@ -67,6 +69,36 @@ def copy_of(w):
                         None if w.zeros is None else w.zeros.clone(), w.group)
 
 
+def library_products(scheme: str, rows: int, k: int, copies: int, device) -> dict[str, list]:
+    """The same product as the libraries compute it, one layer per weight copy, by name: for int4 PyTorch's tinygemm
+    (`aten._weight_int4pack_mm`, the CUDA kernel gpt-fast's and torchao's int4 weight-only layers call), for int8
+    gpt-fast's `WeightOnlyInt8Linear` arithmetic (codes cast to bf16, cuBLAS, rows scaled: what the eager backend
+    runs) and PyTorch's `aten._weight_int8pack_mm` where this build has it for CUDA, for bf16 cuBLAS. Each is the
+    product alone: our kernels also apply RMSNorm, SiLU(gate) * up or the residual add in the same pass."""
+    linears = []
+    for _ in range(copies):
+        linear = torch.nn.Linear(k, rows, bias=False, device=device, dtype=torch.bfloat16)
+        torch.nn.init.normal_(linear.weight, std=0.02)
+        linears.append(linear)
+    if scheme == "none":
+        return {"cuBLAS (F.linear)": linears}
+    if scheme == "int4":
+        return {"tinygemm": [QuantLinear(linear, "int4") for linear in linears]}
+    if scheme != "int8":
+        return {}
+    layers = [QuantLinear(linear, "int8") for linear in linears]
+    out = {"gpt-fast int8 (cast, cuBLAS, scale)": layers}
+    x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
+    try:
+        torch.ops.aten._weight_int8pack_mm(x, layers[0].codes, layers[0].scales)
+        out["aten._weight_int8pack_mm"] = [
+            lambda x, codes=layer.codes, scales=layer.scales: torch.ops.aten._weight_int8pack_mm(x, codes, scales)
+            for layer in layers]
+    except (RuntimeError, NotImplementedError) as e:  # not in every build for CUDA
+        print(f"aten._weight_int8pack_mm on CUDA: {type(e).__name__}: {str(e)[:80]}", flush=True)
+    return out
+
+
 def time_us(launches, repeats: int = 20, trials: int = 10) -> float:
     """Median time of one launch, from a CUDA graph of `repeats` launches (cycling through `launches`, each over
     its own copy of the weights, so they stream from memory, not from L2) replayed `trials` times."""
@@ -102,6 +134,8 @@ def main() -> None:
                         "the rest (bf16's, past 4 tokens) in the chosen tile only")
     parser.add_argument("--json", default="results/packed_gemv.json")
     parser.add_argument("--no-count", action="store_true", help="time only (kernel_mix's counts are the same anywhere)")
+    parser.add_argument("--no-libraries", action="store_true", help="do not time the libraries' products beside ours "
+                        "(tinygemm for int4, gpt-fast's int8, cuBLAS for bf16: `library_products`)")
     args = parser.parse_args()
     device = torch.device("cuda")
     rows = []
@@ -129,6 +163,9 @@ def main() -> None:
                 for config in configs:
                     rows.append(time_product(args, scheme, name, n, k, tokens, config, chosen, copies, x, out,
                                              epilogue, norm, size))
+                if not args.no_libraries:
+                    rows += time_libraries(scheme, name, n * (2 if epilogue == kernels.SILU_MUL else 1), k, tokens,
+                                           len(copies), x, size, device)
     with open(args.json, "w") as f:
         json.dump({"device_name": torch.cuda.get_device_name(device), "command": "benchmarks/h200/packed_gemv.py",
                    "rows": rows}, f, indent=1)
@@ -141,6 +178,25 @@ def few_alternates(chosen: tuple[int, ...], tokens: int) -> list[tuple[int, ...]
     bn, block_k, warps = chosen[:3]
     return [(bn, block_k * 2, warps), (bn, max(32, block_k // 2), warps), (bn * 2, block_k, warps),
             (max(2, bn // 2), block_k * 2, warps)]
+
+
+def time_libraries(scheme, name, rows, k, tokens, copies, x, size, device) -> list[dict]:
+    """Each library's product of this shape and format, timed as ours are (`library_products`); `size` is our
+    packed weight's bytes, the rate's numerator for every one (the libraries' layouts differ a little)."""
+    out = []
+    inputs = x.view(tokens, k)
+    for library, layers in library_products(scheme, rows, k, copies, device).items():
+        try:
+            us = time_us([functools.partial(layer, inputs) for layer in layers])
+        except Exception as e:  # a shape or format the library cannot take
+            print(f"{scheme:5} {name:8} x{tokens} {library}: {type(e).__name__}: {str(e)[:80]}", flush=True)
+            out.append({"scheme": scheme, "product": name, "tokens": tokens, "library": library, "error": str(e)[:300]})
+            continue
+        print(f"{scheme:5} {name:8} x{tokens} {library:37} {us:8.2f} us {size / us / 1e6:5.2f} TB/s", flush=True)
+        out.append({"scheme": scheme, "product": name, "n": rows, "k": k, "tokens": tokens, "library": library,
+                    "us": us, "bytes": size, "tb_s": size / us / 1e6})
+        del layers
+    return out
 
 
 def time_product(args, scheme, name, n, k, tokens, config, chosen, copies, x, out, epilogue, norm, size) -> dict:
