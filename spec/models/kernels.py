@@ -476,7 +476,8 @@ def few_tile(one_token: tuple[int, ...], tokens: int, quant: str, kind: str) -> 
       halved to 128 the 1B's 4-token forward took 1.50-1.53 ms against 1.47 at 256 (at 2 tokens 0.92 against 0.94).
     q/k/v's 2-4-token product (`qkv_rope` passes its one-token tile, kind "qkv") keeps that tile whole, as it is a
     product of few rows like o; not timed alone: the H200's 1B forwards of 2 tokens took 0.90 ms with its tuned
-    tiles, 4 tokens 1.70 (int4) with the rule's.
+    tiles, 4 tokens 1.70 (int4) with the rule's. (The H200's tuned int4 tile, (16, 2048, 8), compiles for sm_90 to
+    255 registers and at 4 tokens 16 bytes of stack; halved, 174 and none: to be timed.)
     Timed alone on an H100 (`benchmarks/h200/packed_gemv.py --tokens 1,2,4`, benchmarks/h100/session21/); the H200's
     forwards in benchmarks/h200/session21/."""
     if not few_tokens(tokens, quant):
