@@ -195,7 +195,6 @@ def time_libraries(scheme, name, rows, k, tokens, copies, x, size, device) -> li
         print(f"{scheme:5} {name:8} x{tokens} {library:37} {us:8.2f} us {size / us / 1e6:5.2f} TB/s", flush=True)
         out.append({"scheme": scheme, "product": name, "n": rows, "k": k, "tokens": tokens, "library": library,
                     "us": us, "bytes": size, "tb_s": size / us / 1e6})
-        del layers
     return out
 
 

@@ -470,7 +470,8 @@ def few_tile(one_token: tuple[int, ...], tokens: int, quant: str, kind: str) -> 
       thread); halved it does not, and took 18.6 µs at 2 tokens against 23.6 (H100, session 21). int4's o, down and
       head keep the whole tile: halved like gate/up (session 20's rule) they took 7.4 / 21.3 µs at 2 tokens against
       6.2 / 14.4 (o, down; the head even), 15.0 / 47.5 against 13.2 / 33.2 at 4;
-    - int8's and fp8's head (logits) with half its columns, but at least PACKED_HEAD_COLUMNS: on an H100 the 1B's
+    - int8's and fp8's head (logits; fp8 shares int8's arithmetic, not timed) with half its columns, but at least
+      PACKED_HEAD_COLUMNS: on an H100 the 1B's
       int8 head in (16, 1024, 4) took 161.6 / 309.6 µs at 2 / 4 tokens, in (16, 512, 4) 132.6 / 224.7 (each token's
       sums of a 1024-column tile are 32 registers a thread more); on an H200, whose int8 head was 256 columns wide,
       halved to 128 the 1B's 4-token forward took 1.50-1.53 ms against 1.47 at 256 (at 2 tokens 0.92 against 0.94).
