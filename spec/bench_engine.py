@@ -195,8 +195,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "backend's fused kernels, beside its own (default: none); keys draft_step_ms_<q>, c_graph_<q>")
     g.add_argument("--tree-nodes", default="",
                    help="comma-separated node counts, e.g. 16,32,64: also time the target's forward over a token tree "
-                        "of that many nodes (4-ary) and the draft's over a frontier of 8 tree nodes, in each graph "
-                        "backend; keys tree_verify_ratio_<n>_over_1_<b>, tree_draft_frontier_8_over_step_<b>")
+                        "of that many nodes (4-ary) and the draft's over a frontier of 8 tree nodes (and each "
+                        "--draft-quants copy's), in each graph backend; keys tree_verify_ratio_<n>_over_1_<b>, "
+                        "tree_draft_frontier_8_over_step_<b>[_<q>]")
     args = parser.parse_args(argv)
     args.draft_quants = [q for q in args.draft_quants.split(",") if q]
     args.tree_nodes = [int(n) for n in args.tree_nodes.split(",") if n]
@@ -277,12 +278,16 @@ def measure_speed(pair, models: dict, args, prompt: list[int], data: dict, resul
             continue
         steps = data["steps_ms"][backend]
         trees = {"target": {str(n): tree_ms(pair_models["target"], context[:-1], n, args.reps, vocab)
-                            for n in args.tree_nodes},
-                 "draft_frontier_8": tree_ms(pair_models["draft"], context[:-1], 8, args.reps, vocab, cached=4)}
+                            for n in args.tree_nodes}}
+        # The frontier of each draft: its own weights, then each quantized copy (keys ..._int4 and so on)
+        for role in (r for r in pair_models if r == "draft" or r.startswith(QUANT_ROLE)):
+            suffix = role.removeprefix("draft")
+            trees["draft_frontier_8" + suffix] = ms = tree_ms(pair_models[role], context[:-1], 8, args.reps, vocab,
+                                                              cached=4)
+            data[f"tree_draft_frontier_8_over_step_{backend}{suffix}"] = ms / steps[role]["1"]
         data.setdefault("tree_ms", {})[backend] = trees
         for n, ms in trees["target"].items():
             data[f"tree_verify_ratio_{n}_over_1_{backend}"] = ms / steps["target"]["1"]
-        data[f"tree_draft_frontier_8_over_step_{backend}"] = trees["draft_frontier_8"] / steps["draft"]["1"]
     for backend, pair_models in models.items():
         steps = data["steps_ms"][backend]
         data[f"c_{backend}"] = steps["draft"]["1"] / steps["target"]["1"]

@@ -437,6 +437,76 @@ def test_int4_products_over_several_tiles_on_a_gpu():
     check_int4_products("cuda")
 
 
+def check_library_products(device: str) -> None:
+    """Products of several tokens over int4 weights through PyTorch's int4 kernel (`kernels.library_gemv`, bf16:
+    tinygemm on CUDA, the CPU kernel here) against the weights the codes stand for, in float64: each epilogue, RMSNorm,
+    the o product's head-major inputs, a head whose rows are padded to 16. Bound, with u = 2^-8 (bf16): the input
+    rounded once (u |xn|), a weight de-quantised in bf16 ((q - 8) s and the offset's sum each rounded: 2u (|q - 8|
+    |s| + |z|)), fp32 sums (K 2^-24, far below u), so 4u sum_k |xn_k| (|q - 8| |s| + |z|) for the sums plus u |y|
+    for their rounding; then the epilogue's own roundings, 3u of what it writes."""
+    import torch
+
+    from spec.models import kernels
+    from spec.models.quant import GROUP, pack_for_kernels, with_library_layout
+
+    gen = torch.Generator().manual_seed(4)
+    u = 2.0 ** -8
+    cases = ((kernels.ADD, 64, 256, 16), (kernels.ADD, 64, 256, 0), (kernels.SILU_MUL, 96, 256, 0),
+             (kernels.LOGITS, 300, 128, 0), (kernels.RAW, 48, 128, 0))
+    for (epilogue, n, k, head_major), tokens in [(case, m) for case in cases for m in (3, 5)]:
+        rows = 2 * n if epilogue == kernels.SILU_MUL else n
+        weight = torch.randn(rows, k, generator=gen).to(device, torch.bfloat16)
+        packed = with_library_layout(pack_for_kernels(weight, "int4"))
+        halves = packed.codes.cpu().view(rows, -1, GROUP // 2)
+        q = torch.cat([halves & 15, halves >> 4], -1).double() - 8
+        s_, z_ = packed.scales.double().cpu()[..., None], packed.zeros.double().cpu()[..., None]
+        w = (q * s_ + z_).view(rows, k)
+        magnitude = (q.abs() * s_.abs() + z_.abs()).view(rows, k)
+        x = torch.randn(tokens, k, generator=gen).to(torch.bfloat16)
+        norm = None if epilogue == kernels.ADD else (torch.rand(k, generator=gen) + 0.5).to(torch.bfloat16)
+        xn = x.double()
+        if norm is not None:
+            xn = xn * torch.rsqrt((xn ** 2).mean(1, keepdim=True) + 1e-6) * norm.double()
+        y = xn @ w.t()
+        bound = 4 * u * (xn.abs() @ magnitude.t()) + u * y.abs()
+        out = (torch.randn(tokens, n, generator=gen).to(torch.bfloat16) if epilogue == kernels.ADD else
+               torch.zeros(tokens, n, dtype=torch.bfloat16 if epilogue == kernels.SILU_MUL else torch.float32))
+        want, bound = epilogue_wanted(epilogue, y, out, bound, n)
+        bound = bound + 3 * u * want.abs() + 1e-6
+        got = out.to(device)
+        inputs = x if not head_major else x.view(tokens, k // head_major, head_major).transpose(0, 1).contiguous()
+        assert kernels.library_product(packed, tokens) or kernels.LIBRARY_TOKENS > tokens
+        kernels.library_gemv(inputs.to(device), packed, got, epilogue, None if norm is None else norm.to(device), 1e-6,
+                             head_major)
+        error = (got.double().cpu() - want).abs()
+        assert (error <= bound).all(), (epilogue, n, k, head_major, tokens, float(error.max()), float(bound.min()))
+
+
+INTERPRETED_LIBRARY_PRODUCTS = """
+import sys
+sys.path.insert(0, "tests")
+from test_kernels import check_library_products
+check_library_products("cpu")
+print("ok")
+"""
+
+
+def test_int4_library_products_in_tritons_interpreter():
+    """Several tokens over int4 weights through PyTorch's int4 kernel, our input and epilogue kernels around it in
+    Triton's interpreter: `check_library_products`."""
+    run_interpreted(INTERPRETED_LIBRARY_PRODUCTS)
+
+
+@cuda
+def test_int4_library_products_on_a_gpu():
+    """The same on the GPU, through tinygemm."""
+    from spec.models import kernels
+
+    if not kernels.available():
+        pytest.skip("needs Triton")
+    check_library_products("cuda")
+
+
 INTERPRETED_SPLIT_PRODUCTS = """
 import torch
 from spec.models import kernels

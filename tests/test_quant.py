@@ -102,6 +102,32 @@ def test_int4_search_finds_a_4_bit_grid_that_min_max_misses():
     assert error[True] < 0.05 * error[False]
 
 
+def test_the_graph_backends_int4_weights_in_pytorchs_layout_are_the_same_weights():
+    """`with_library_layout` lays the fused kernels' int4 codes out again for PyTorch's int4 kernel (the CPU one
+    here, tinygemm on CUDA: the same unpacking): its product is x times the weights the codes stand for, rows padded
+    to 16 and dropped (bf16 de-quantisation and output: the bound of the test below). Only int4 in bf16 has the
+    layout, and products of fewer than LIBRARY_TOKENS tokens keep the fused kernels."""
+    from spec.models import kernels
+
+    weight = torch.randn(72, 256, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    packed = qz.with_library_layout(qz.pack_for_kernels(weight, "int4"))
+    codes, scales_and_zeros = packed.library
+    assert scales_and_zeros.shape == (256 // qz.GROUP, 80, 2)  # 72 rows padded to 80
+    w = packed.dequantize()
+    x = torch.randn(5, 256).to(torch.bfloat16)
+    got = qz.int4_library_mm(x, codes, packed.group, scales_and_zeros)
+    assert got.shape == (5, 80) and not got[:, 72:].any()
+    bound = 2 ** -7 * (x.float().abs() @ w.abs().t())
+    assert ((got[:, :72].float() - x.float() @ w.t()).abs() <= bound).all()
+    assert packed.nbytes() == qz.pack_for_kernels(weight, "int4").nbytes()  # a product reads one layout
+    assert "bfloat16" in qz.library_layout_error(packed, torch.float32)
+    assert "int8" in qz.library_layout_error(qz.pack_for_kernels(weight, "int8"), torch.bfloat16)
+    assert qz.library_layout_error(packed, torch.bfloat16) is None
+    assert [kernels.library_product(packed, m) for m in (1, kernels.LIBRARY_TOKENS - 1, kernels.LIBRARY_TOKENS)] \
+        == [False, False, True]
+    assert not kernels.library_product(qz.pack_for_kernels(weight, "int4"), 16)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_quant_linear_multiplies_by_the_weights_it_stands_for(scheme, dtype):

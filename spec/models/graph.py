@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from spec.models import kernels
 from spec.models.base import ModelError, parameter_bytes, sync_time
-from spec.models.quant import pack_for_kernels, quant_error
+from spec.models.quant import PackedWeight, library_layout_error, pack_for_kernels, quant_error, with_library_layout
 
 MAX_GRAPH_TOKENS = 64  # forwards up to this many tokens are graphed; chains stay far below, a tree's verify may not
 MAX_TREE_TOKENS = MAX_GRAPH_TOKENS + 1  # a tree forward: up to 64 nodes and the token they grow from
@@ -224,7 +224,14 @@ class GraphModel:
                              "backend runs them")
         self.quant = quant
         # The weights the fused step reads: the fused matrices and the head, as they are or packed.
-        pack = (lambda w: w) if quant == "none" else (lambda w: pack_for_kernels(w, quant))
+        def pack(w: torch.Tensor) -> torch.Tensor | PackedWeight:
+            """A weight as the fused kernels read it; int4 in bf16 also in PyTorch's own int4 layout, for products of
+            kernels.LIBRARY_TOKENS tokens or more (twice the int4 weights' memory, read once a product either way)."""
+            if quant == "none":
+                return w
+            packed = pack_for_kernels(w, quant)
+            return packed if library_layout_error(packed, dtype) else with_library_layout(packed)
+
         with torch.no_grad():
             start = time.perf_counter()
             self.step_weights = [(pack(w_qkv), pack(o.weight), pack(w_gu), pack(d.weight))

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from spec.models.base import cache_root
-from spec.models.quant import GROUP, KERNEL_FORMATS, PackedWeight
+from spec.models.quant import GROUP, KERNEL_FORMATS, PackedWeight, int4_library_mm
 
 MAX_ROWS = 128  # query rows (query heads per K/V head x new tokens) one program holds; more are split over programs
 MAX_ROW_BLOCKS = 4  # ... up to this many a head and chunk (a 64-node tree of 4-6 query heads a K/V head); more: SDPA
@@ -266,7 +266,23 @@ def few_tokens(tokens: int, quant: str) -> bool:
     """Whether a product of `tokens` tokens over weights in `quant` runs `gemv_few`: 2-MAX_FEW_TOKENS, packed."""
     return 1 < tokens <= MAX_FEW_TOKENS and quant != "none"
 
+
 MAX_KERNEL_TOKENS = 64  # the most one fused forward takes (a token tree's verify): tiles of 16, 32 or 64 tokens
+
+# From this many tokens on, a product over int4 weights that carry PyTorch's own layout (`PackedWeight.library`,
+# added by GraphModel on CUDA in bf16) runs PyTorch's int4 kernel, tinygemm: a tensor-core kernel whose time hardly
+# grows with the tokens, between two small kernels of ours for the input (RMSNorm, the attention's head-major
+# output) and the epilogue (`library_gemv`). Timed alone against ours on an H100 (benchmarks/h100/session22/), the
+# 1B's products at 1 / 2 / 4 tokens: gate/up 14.5 / 14.9 / 17.6 µs (ours 14.5 / 18.2 / 26.3), down 11.1 / 11.1 /
+# 11.6 (ours 9.5 / 14.4 / 33.1), head 97 / 98 / 113 (ours 74 / 131 / 213): ours for one token, the library's for
+# more. SPARK_SPEC_LIBRARY_TOKENS, read when this module is imported, moves the threshold (0: never).
+LIBRARY_TOKENS = int(os.environ.get("SPARK_SPEC_LIBRARY_TOKENS") or 3) or MAX_KERNEL_TOKENS + 1
+
+
+def library_product(weight: torch.Tensor | PackedWeight, tokens: int) -> bool:
+    """Whether a product of `tokens` tokens over `weight` runs PyTorch's int4 kernel (`library_gemv`)."""
+    return isinstance(weight, PackedWeight) and weight.library is not None and tokens >= LIBRARY_TOKENS
+
 
 # Tuned (rows per program, columns per iteration, warps) per GPU and product, keyed (kind, N, K) with kind one of
 # qkv (N = half a head), add, silu_mul, logits (+ "_rows" for 2-16 tokens, "_rows32" / "_rows64" past 16, "@int4" /
@@ -585,6 +601,9 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     n = weight.shape[0] // (2 if epilogue == SILU_MUL else 1)
     k = weight.shape[1]
     tokens = x.numel() // k
+    if library_product(weight, tokens):
+        library_gemv(x, weight, out, epilogue, norm_weight, eps, head_major, pdl)
+        return
     kind = {ADD: "add", SILU_MUL: "silu_mul", LOGITS: "logits", RAW: "raw"}[epilogue]
     operands, quant = weight_operands(weight)
     config = config or gemv_config(kind, n, k, x.device, tokens, _scheme(weight))
@@ -616,6 +635,29 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
         _launch(_triton().gemv_rows, (blocks, splits), config, pdl, *args, parts, counts, tokens, n, k, span,
                 **constexprs, XD=head_major, MP=mp, PRECISION=_precision(x), SPLITS=splits)
 
+
+
+def library_gemv(x, weight: PackedWeight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
+                 head_major: int = 0, pdl: bool = False) -> None:
+    """`gemv` of M >= 2 tokens through PyTorch's int4 kernel over `weight.library`: the inputs made [M, K] (with
+    `norm_weight` RMS-normalised, rounded to x's dtype once; head-major ones gathered) by `library_input`, the
+    product [M, rows] in x's dtype, then `gemv`'s epilogue into `out` by `library_output`. The product's sums are
+    rounded to x's dtype before the epilogue (RAW's too), and the weights are de-quantised by the library (in bf16
+    on CUDA): a draft's numbers, not bit for bit the fused kernels'."""
+    k = weight.shape[1]
+    tokens = x.numel() // k
+    n = weight.shape[0] // (2 if epilogue == SILU_MUL else 1)
+    inputs = x.view(tokens, k)
+    if norm_weight is not None or head_major:
+        inputs = torch.empty((tokens, k), dtype=x.dtype, device=x.device)
+        _run(_triton().library_input, (tokens,), x, x if norm_weight is None else norm_weight, inputs, eps, tokens,
+             k, NORM=norm_weight is not None, XD=head_major, BLOCK=_pow2(k), PDL=pdl, num_warps=4 if k <= 4096 else 8,
+             launch_pdl=pdl)
+    codes, scales_and_zeros = weight.library
+    y = int4_library_mm(inputs, codes, weight.group, scales_and_zeros)
+    block = 1024
+    _run(_triton().library_output, (-(-n // block), tokens), y, out, n, y.shape[1], EPILOGUE=epilogue, BLOCK=block,
+         PDL=pdl, num_warps=4, launch_pdl=pdl)
 
 
 @functools.cache

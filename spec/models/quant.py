@@ -260,11 +260,8 @@ class QuantLinear(torch.nn.Module):
             y = torch.nn.functional.linear(flat, self.codes.to(flat.dtype)) * self.scales  # WeightOnlyInt8Linear)
         elif self.scheme == "int8":
             y = torch.ops.aten._weight_int8pack_mm(flat, self.codes, self.scales)
-        elif flat.is_cuda:
-            y = torch.ops.aten._weight_int4pack_mm(flat, self.codes, self.group, self.scales)[:, : self.out_features]
         else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.codes, self.group, self.scales)
-            y = y[:, : self.out_features]
+            y = int4_library_mm(flat, self.codes, self.group, self.scales)[:, : self.out_features]
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
@@ -297,10 +294,23 @@ def pack(weight: torch.Tensor, scheme: str, group: int = GROUP) -> tuple[torch.T
     rows = -(-weight.shape[0] // INT4_ROWS) * INT4_ROWS
     padded = torch.cat([weight, weight.new_zeros(rows - weight.shape[0], weight.shape[1])])
     codes, scales = quantize_int4(padded, group)
-    if weight.is_cuda:  # tinygemm's layout: two codes a byte (high nibble first), tiled by the kernel's own rule
+    return int4_library_codes(codes), scales
+
+
+def int4_library_codes(codes: torch.Tensor) -> torch.Tensor:
+    """int4 codes [N, K] in 0..15 (int32) -> the layout PyTorch's int4 kernel on their device reads: on CUDA
+    tinygemm's (two codes a byte, high nibble first, tiled by the kernel's own rule), on a CPU its CPU kernel's."""
+    if codes.is_cuda:
         pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
-        return torch.ops.aten._convert_weight_to_int4pack(pairs, TINYGEMM_INNER_K_TILES), scales
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1), scales
+        return torch.ops.aten._convert_weight_to_int4pack(pairs, TINYGEMM_INNER_K_TILES)
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+
+
+def int4_library_mm(x: torch.Tensor, codes: torch.Tensor, group: int, scales_and_zeros: torch.Tensor) -> torch.Tensor:
+    """x [M, K] times int4 weights in `int4_library_codes`' layout: [M, rows] in x's dtype (bf16 on CUDA)."""
+    if x.is_cuda:
+        return torch.ops.aten._weight_int4pack_mm(x, codes, group, scales_and_zeros)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, codes, group, scales_and_zeros)
 
 
 TINYGEMM_INNER_K_TILES = 8  # gpt-fast's choice; K must then be a multiple of 8 x 16 = 128 (pack_error says so)
@@ -318,7 +328,11 @@ class PackedWeight:
     """A [N, K] weight as the graph backend's fused kernels read it (the same codes `pack` makes, laid out for
     them). int8: `codes` [N, K] int8, `scales` [N]; int4: `codes` [N, K / 2] uint8, group by group: byte
     (group / 2) g + j holds the codes of inputs group g + j (low nibble) and group g + group / 2 + j (high nibble),
-    so each half of a group is one contiguous run of inputs; `scales` and `zeros` [N, K / group]: w = (q - 8) s + z."""
+    so each half of a group is one contiguous run of inputs; `scales` and `zeros` [N, K / group]: w = (q - 8) s + z.
+
+    `library`: int4 only, the same codes and scales again in the layout of PyTorch's own int4 kernel (tinygemm on
+    CUDA: `int4_library_codes`, scales_and_zeros [K / group, rows, 2], rows padded to INT4_ROWS), where
+    `with_library_layout` added it: products of LIBRARY_TOKENS tokens or more take it (spec/models/kernels.py)."""
 
     scheme: str
     shape: tuple[int, int]
@@ -326,8 +340,10 @@ class PackedWeight:
     scales: torch.Tensor
     zeros: torch.Tensor | None = None
     group: int = GROUP
+    library: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def nbytes(self) -> int:
+        """The bytes a product reads: one layout's (a product reads the library's copy instead, not besides)."""
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.zeros) if t is not None)
 
     def dequantize(self) -> torch.Tensor:
@@ -337,6 +353,32 @@ class PackedWeight:
         halves = self.codes.view(self.shape[0], -1, self.group // 2)  # [N, K / group, group / 2]
         grouped = torch.cat([halves & 15, halves >> 4], -1).float()  # [N, K / group, group], inputs in order
         return ((grouped - 8) * self.scales.float()[..., None] + self.zeros.float()[..., None]).view(self.shape)
+
+
+def library_layout_error(weight: PackedWeight, dtype: torch.dtype) -> str | None:
+    """Why PyTorch's int4 kernel cannot take `weight` in a model of `dtype` (or None): int4 only, bf16 only
+    (tinygemm takes nothing else; the CPU kernel is 27x slower in fp32, `QuantLinear`), and on CUDA inputs a
+    multiple of tinygemm's tiles, 128."""
+    if weight.scheme != "int4":
+        return f"{weight.scheme}: PyTorch's int4 kernel takes int4 weights"
+    if dtype != torch.bfloat16:
+        return f"PyTorch's int4 kernel multiplies bfloat16 here, not {dtype}"
+    return pack_error(weight.shape, "int4", weight.group, cuda=weight.codes.is_cuda)
+
+
+def with_library_layout(weight: PackedWeight) -> PackedWeight:
+    """`weight` (int4) with `library` filled: its codes unpacked to [N, K] and laid out again for PyTorch's int4
+    kernel on their device, the rows padded to INT4_ROWS with zero codes and zero scales (weights 0, outputs
+    dropped), the scales and offsets as scales_and_zeros. The same numbers: `test_quant` checks both products."""
+    n, k = weight.shape
+    halves = weight.codes.view(n, k // weight.group, weight.group // 2)
+    codes = torch.cat([halves & 15, halves >> 4], -1).reshape(n, k).to(torch.int32)
+    rows = -(-n // INT4_ROWS) * INT4_ROWS
+    codes = torch.cat([codes, codes.new_zeros(rows - n, k)])
+    scales_and_zeros = torch.stack([weight.scales.t(), weight.zeros.t()], -1)  # [K / group, N, 2]
+    scales_and_zeros = torch.cat([scales_and_zeros, scales_and_zeros.new_zeros(k // weight.group, rows - n, 2)], 1)
+    library = (int4_library_codes(codes), scales_and_zeros.contiguous())
+    return PackedWeight(weight.scheme, weight.shape, weight.codes, weight.scales, weight.zeros, weight.group, library)
 
 
 def pack_for_kernels(weight: torch.Tensor, scheme: str, group: int = GROUP) -> PackedWeight:

@@ -813,3 +813,45 @@ def rope_rows(y_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, M,
         base = vc_ptr + (head - HEADS - KV) * kv_stride + table
     tl.store(base, out_a, mask=ok)
     tl.store(base + D // 2, out_b, mask=ok)
+
+
+# ---- around PyTorch's int4 kernel (tinygemm): a product of several tokens over int4 weights -----------------------
+
+
+@triton.jit
+def library_input(x_ptr, nw_ptr, out_ptr, eps, M, K, NORM: tl.constexpr, XD: tl.constexpr, BLOCK: tl.constexpr,
+                  PDL: tl.constexpr):
+    """Token m's inputs (program m) for the library's product, into out [M, K] in x's dtype: its row of x ([M, K],
+    or head-major [K // XD, M, XD] with XD), with NORM RMS-normalised and times the norm's weight, rounded once."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    m = tl.program_id(0)
+    k = tl.arange(0, BLOCK)
+    ok = k < K
+    if NORM:
+        w = tl.load(nw_ptr + k, mask=ok, other=0.0).to(tl.float32)
+    else:
+        w = tl.zeros([BLOCK], tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    x = tl.load(x_ptr + token_at(k, m, M, K, XD), mask=ok, other=0.0).to(tl.float32)
+    if NORM:
+        x = x * tl.rsqrt(tl.sum(x * x, 0) / K + eps) * w
+    tl.store(out_ptr + m * K + k, x.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def library_output(y_ptr, out_ptr, N, ROWS, EPILOGUE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """The library's product y [M, ROWS] (x's dtype) into out [M, N] by `gemv`'s epilogue (`store_epilogue`; for
+    SILU_MUL y holds the gate's N rows, then the up's). Program (i, m): token m's columns i BLOCK to (i + 1) BLOCK."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    m = tl.program_id(1)
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < N
+    y = tl.load(y_ptr + m * ROWS + cols, mask=ok, other=0.0).to(tl.float32)
+    up = y
+    if EPILOGUE == 1:
+        up = tl.load(y_ptr + m * ROWS + N + cols, mask=ok, other=0.0).to(tl.float32)
+    store_epilogue(out_ptr + m * N + cols, ok, y, up, y_ptr, EPILOGUE)
