@@ -271,3 +271,26 @@ def test_cuda_sampling_distribution(cuda_pair):
     wanted = torch.cat([expected[common], expected[~common].sum()[None]])
     # dist_test's LEVEL: a correct loop fails at 1 seed in 1000
     assert stats.chisquare(observed.numpy(), wanted.numpy() * observed.sum().item() / wanted.sum().item()).pvalue > 1e-3
+
+
+def test_no_garbage_collection_inside_a_capture():
+    """A dropped model's graphs must not be freed by the collector while another model captures (that invalidates
+    the capture): `no_collection` holds the collector off inside and restores it after, on an error too."""
+    import gc
+
+    from spec.models.graph import no_collection
+
+    assert gc.isenabled()
+    with no_collection():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), no_collection():
+        raise RuntimeError
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with no_collection():
+            pass
+        assert not gc.isenabled()  # left as it was found
+    finally:
+        gc.enable()

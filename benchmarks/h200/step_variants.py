@@ -12,6 +12,7 @@ in `--draft-quant`'s format (none, int8, int4, fp8).
 """
 
 import argparse
+import gc
 import json
 import sys
 
@@ -37,8 +38,10 @@ context = context.to(pair.device)
 ns = [int(n) for n in args.ns.split(",")]
 variants = args.variants.split(",")
 one_pass, chunk = kernels.ONE_PASS_ELEMENTS, kernels._chunk
+# A variant named twice (the rule first and last, to see the drift) is labelled by its turn: fused+pdl, fused+pdl#2.
+labels = [v if not variants[:i].count(v) else f"{v}#{variants[:i].count(v) + 1}" for i, v in enumerate(variants)]
 rows = {}
-for variant in variants:
+for variant, label in zip(variants, labels, strict=True):
     kernels.ONE_PASS_ELEMENTS = 0 if variant.startswith("twopass") else one_pass
     kernels._chunk = (lambda span, n=int(variant[5:].split("+")[0]): n) if variant.startswith("chunk") else chunk
     for role in ("target", "draft"):
@@ -50,10 +53,13 @@ for variant in variants:
                            fused_tokens=None if variant == "stack" else 1 if variant.startswith("fused1") else 16,
                            pdl=variant.endswith("+pdl"), quant=quant if role == "draft" else "none")
         for n in ns:
-            rows[f"{role} {variant} n={n}"] = ms = step_ms(graph, context, n, args.reps, m.vocab)
-            print(f"{role:6s} {variant:10s} n={n:2d} {ms:.3f} ms", flush=True)
+            rows[f"{role} {label} n={n}"] = ms = step_ms(graph, context, n, args.reps, m.vocab)
+            print(f"{role:6s} {label:10s} n={n:2d} {ms:.3f} ms", flush=True)
+        # The model sits in reference cycles: free its graphs and memory before the next is built (a collection
+        # inside the next model's capture invalidated it on an H100 in session 22; GraphModel now holds it off).
         del graph
-for variant in variants:
+        gc.collect()
+for variant in labels:
     one = rows[f"target {variant} n=1"]
     ratios = ", ".join(f"verify {n}/1 {rows[f'target {variant} n={n}'] / one:.3f}" for n in ns if n > 1)
     c = f"c {rows[f'draft {variant} n=1'] / one:.3f}, " if f"draft {variant} n=1" in rows else ""

@@ -26,6 +26,8 @@ fused matrix, so no weight is stored twice and the transformers model keeps work
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import statistics
 import time
 from collections.abc import Sequence
@@ -44,6 +46,21 @@ DEFAULT_MAX_LENGTH = 4096  # the static cache's size when the caller names none
 SUPPORTED = ("llama", "qwen2")
 RECOMPILE_LIMIT = 64  # compiled variants of the layer stack per process: two per GraphModel
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # position-independent tables; dynamic ones need the text
+
+
+@contextlib.contextmanager
+def no_collection():
+    """No garbage collection inside: a model dropped earlier whose graphs sit in a reference cycle must not be freed
+    during another model's capture (freeing a graph is not allowed while a stream captures, and invalidates the
+    capture: seen on an H100 in session 22, benchmarks/h200/step_variants.py). torch.cuda.graph no longer collects
+    before a capture (torch.compiler.config.force_cudagraph_gc), so the collector may run at any allocation."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def unsupported_reason(model) -> str | None:
@@ -390,7 +407,7 @@ class GraphModel:
                     self._logits(ids, span, tree=tree)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            with no_collection(), torch.cuda.graph(graph, pool=self._pool):
                 logits = self._logits(ids, span, tree=tree)
             self._graphs[key] = (graph, ids, logits)
         return self._graphs[key]
