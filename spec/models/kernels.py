@@ -597,7 +597,8 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     y, rounded to the model's dtype) or RAW (2-64 tokens: out fp32 = y, unrounded, for rope_rows). With
     `norm_weight`, x is RMS-normalised first. `head_major` = D reads x as [K // D, M, D] (the attention's output)
     instead of [M, K]. M <= MAX_KERNEL_TOKENS: one token in `gemv`, 2-MAX_FEW_TOKENS over packed weights in
-    `gemv_few`, the rest in the tensor-core `gemv_rows`."""
+    `gemv_few`, the rest in the tensor-core `gemv_rows`; from LIBRARY_TOKENS tokens on, int4 weights that carry
+    PyTorch's layout in its int4 kernel (`library_gemv`)."""
     n = weight.shape[0] // (2 if epilogue == SILU_MUL else 1)
     k = weight.shape[1]
     tokens = x.numel() // k

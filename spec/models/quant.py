@@ -25,7 +25,9 @@ On CUDA the same codes run in two places:
   read (spec/models/triton_kernels.py de-quantises them in registers inside the fused step: int8 codes [N, K]
   and a scale per row applied to each row's sum; int4 two codes a byte, [N, K / 2], with a scale and an offset
   per group of GROUP inputs, [N, K / GROUP] each). `GraphModel(quant=...)` packs its fused matrices at start-up
-  on the GPU (under a second for a 1B model), so nothing is cached for it;
+  on the GPU (under a second for a 1B model), so nothing is cached for it. int4 in bf16 is kept a second time in
+  PyTorch's own layout (`with_library_layout`): products of several tokens run tinygemm, which was faster there
+  (spec/models/kernels.py, `LIBRARY_TOKENS`);
 - the eager backend, for exactness runs and for models the graph backend cannot take: int4 through PyTorch's
   tinygemm kernel (`aten._weight_int4pack_mm`, bf16 only), int8 as gpt-fast's `WeightOnlyInt8Linear` does it (the
   codes cast to the activations' dtype, then scaled per row): correct, and no faster than bf16 there, where a
