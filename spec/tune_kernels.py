@@ -35,6 +35,7 @@ sweep to results/tune_kernels-<time>.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -47,7 +48,8 @@ from spec.cli import add_model_args, load_from_args
 from spec.harness import copy_bandwidth
 from spec.io import save_json, table
 from spec.models import dtype_name, kernels
-from spec.models.graph import GraphModel
+from spec.models.graph import GraphModel, no_collection
+from spec.models.quant import PackedWeight
 
 
 def _time_graph(run, layers: int, replays: int = 20) -> float:
@@ -59,7 +61,7 @@ def _time_graph(run, layers: int, replays: int = 20) -> float:
             run(i)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with no_collection(), torch.cuda.graph(graph):
         for i in range(layers):
             run(i)
     graph.replay()
@@ -111,9 +113,17 @@ def candidates(kind: str, n: int, tokens: int = 1, quant: str = "none") -> list[
     return out
 
 
+def ours(weight: torch.Tensor | PackedWeight) -> torch.Tensor | PackedWeight:
+    """`weight` without PyTorch's int4 layout: its products run our kernels at every width."""
+    return dataclasses.replace(weight, library=None) if isinstance(weight, PackedWeight) else weight
+
+
 def products(model: GraphModel, tokens: int = 1) -> dict[str, dict]:
     """The products of a forward of `tokens` tokens on this model's weights: for each kind, a runner per (layer,
-    config), the bytes one product reads, its shape key, and a cuBLAS runner for the same weights."""
+    config), the bytes one product reads, its shape key, and a cuBLAS runner for the same weights. Always our
+    kernels' products: int4 weights are passed without PyTorch's layout, so that a product of
+    kernels.LIBRARY_TOKENS tokens or more runs the tile it is given, not tinygemm (a forward still takes tinygemm
+    there: those tiles serve only where it does not, in fp32 or with SPARK_SPEC_LIBRARY_TOKENS=0)."""
     dev, dtype = model.device, model.cos.dtype
     hidden = model.model.config.get_text_config().hidden_size
     layers = model.layers
@@ -123,8 +133,8 @@ def products(model: GraphModel, tokens: int = 1) -> dict[str, dict]:
     q = torch.empty(tokens, model.heads * model.head_dim, device=dev, dtype=dtype)
     gu_out = torch.empty(tokens, model.intermediate, device=dev, dtype=dtype)
     head_w = model.model.lm_head.weight
-    packed_head = model.head_weight  # the weights as the fused step reads them: packed, with --*-quant
-    step = model.step_weights  # per layer: q/k/v, o, gate/up, down
+    packed_head = ours(model.head_weight)  # the weights as the fused step reads them: packed, with --*-quant
+    step = [tuple(ours(w) for w in layer) for layer in model.step_weights]  # per layer: q/k/v, o, gate/up, down
     logits = torch.empty(tokens, head_w.shape[0], device=dev, dtype=torch.float32)
     residual = [torch.randn(tokens, hidden, device=dev, dtype=dtype) for _ in layers]
     start = residual[0].clone()

@@ -273,12 +273,40 @@ def test_cuda_sampling_distribution(cuda_pair):
     assert stats.chisquare(observed.numpy(), wanted.numpy() * observed.sum().item() / wanted.sum().item()).pvalue > 1e-3
 
 
-def test_no_garbage_collection_inside_a_capture():
+def test_no_garbage_collection_inside_a_capture(pair, monkeypatch):
     """A dropped model's graphs must not be freed by the collector while another model captures (that invalidates
-    the capture): `no_collection` holds the collector off inside and restores it after, on an error too."""
+    the capture): `GraphModel._graph` captures inside `no_collection` (seen here through stand-ins for CUDA's
+    graph and stream objects, on a CPU), which holds the collector off inside and restores it after, on an error
+    too."""
+    import contextlib
     import gc
 
     from spec.models.graph import no_collection
+
+    seen = []
+
+    class Stand:  # a CUDA stream, or a graph, that does nothing
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    @contextlib.contextmanager
+    def capture(graph, pool=None):
+        seen.append(gc.isenabled())
+        yield
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stand)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Stand)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stand())
+    monkeypatch.setattr(torch.cuda, "graph", capture)
+    model = GraphModel(pair.target.model, pair.target.vocab, max_length=16, graphs=False)
+    model.forward([1, 2, 3])
+    with torch.no_grad():  # as `forward` calls it
+        model._graph(1, model._span(4))
+    assert seen == [False] and gc.isenabled()
 
     assert gc.isenabled()
     with no_collection():

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernel_mix import PRODUCTS, compile_product  # noqa: E402
 
 from spec.models import kernels  # noqa: E402
+from spec.models.graph import no_collection  # noqa: E402
 from spec.models.quant import GROUP, PackedWeight, QuantLinear  # noqa: E402
 
 # Tiles timed beside the ones the wrappers choose. A packed head in bf16's H200 tile (128 columns) issued 16.8
@@ -108,7 +109,7 @@ def time_us(launches, repeats: int = 20, trials: int = 10) -> float:
             launch()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with no_collection(), torch.cuda.graph(graph):
         for i in range(repeats):
             launches[i % len(launches)]()
     graph.replay()

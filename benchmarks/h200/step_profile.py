@@ -40,7 +40,7 @@ from spec.cli import add_model_args, load_from_args
 from spec.harness import copy_bandwidth
 from spec.io import table
 from spec.models.base import sync_time
-from spec.models.graph import GraphModel
+from spec.models.graph import GraphModel, no_collection
 
 PRODUCTS = ("qkv", "attention", "o", "gate_up", "down", "head", "other")
 
@@ -148,7 +148,7 @@ def floor_ms(kernels: list[dict], device, replays: int = 50) -> float:
     chain()  # compile, outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with no_collection(), torch.cuda.graph(graph):
         chain()
     graph.replay()
     times = []

@@ -275,8 +275,9 @@ MAX_KERNEL_TOKENS = 64  # the most one fused forward takes (a token tree's verif
 # output) and the epilogue (`library_gemv`). Timed alone against ours on an H100 (benchmarks/h100/session22/), the
 # 1B's products at 1 / 2 / 4 tokens: gate/up 14.5 / 14.9 / 17.6 µs (ours 14.5 / 18.2 / 26.3), down 11.1 / 11.1 /
 # 11.6 (ours 9.5 / 14.4 / 33.1), head 97 / 98 / 113 (ours 74 / 131 / 213): ours for one token, the library's for
-# more. SPARK_SPEC_LIBRARY_TOKENS, read when this module is imported, moves the threshold (0: never).
-LIBRARY_TOKENS = int(os.environ.get("SPARK_SPEC_LIBRARY_TOKENS") or 3) or MAX_KERNEL_TOKENS + 1
+# more. SPARK_SPEC_LIBRARY_TOKENS, read when this module is imported, moves the threshold (0: never; at least 2:
+# one-token products are always ours).
+LIBRARY_TOKENS = max(2, int(os.environ.get("SPARK_SPEC_LIBRARY_TOKENS") or 3) or MAX_KERNEL_TOKENS + 1)
 
 
 def library_product(weight: torch.Tensor | PackedWeight, tokens: int) -> bool:

@@ -300,12 +300,13 @@ def pack(weight: torch.Tensor, scheme: str, group: int = GROUP) -> tuple[torch.T
 
 
 def int4_library_codes(codes: torch.Tensor) -> torch.Tensor:
-    """int4 codes [N, K] in 0..15 (int32) -> the layout PyTorch's int4 kernel on their device reads: on CUDA
-    tinygemm's (two codes a byte, high nibble first, tiled by the kernel's own rule), on a CPU its CPU kernel's."""
+    """int4 codes [N, K] in 0..15 (int32 or uint8) -> the layout PyTorch's int4 kernel on their device reads: on
+    CUDA tinygemm's (two codes a byte, high nibble first, tiled by the kernel's own rule), on a CPU its CPU
+    kernel's."""
     if codes.is_cuda:
         pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
         return torch.ops.aten._convert_weight_to_int4pack(pairs, TINYGEMM_INNER_K_TILES)
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
 
 
 def int4_library_mm(x: torch.Tensor, codes: torch.Tensor, group: int, scales_and_zeros: torch.Tensor) -> torch.Tensor:
@@ -374,7 +375,7 @@ def with_library_layout(weight: PackedWeight) -> PackedWeight:
     dropped), the scales and offsets as scales_and_zeros. The same numbers: `test_quant` checks both products."""
     n, k = weight.shape
     halves = weight.codes.view(n, k // weight.group, weight.group // 2)
-    codes = torch.cat([halves & 15, halves >> 4], -1).reshape(n, k).to(torch.int32)
+    codes = torch.cat([halves & 15, halves >> 4], -1).reshape(n, k)  # uint8: a byte a code (an 8B head: 0.5 GB)
     rows = -(-n // INT4_ROWS) * INT4_ROWS
     codes = torch.cat([codes, codes.new_zeros(rows - n, k)])
     scales_and_zeros = torch.stack([weight.scales.t(), weight.zeros.t()], -1)  # [K / group, N, 2]
