@@ -439,11 +439,12 @@ def test_int4_products_over_several_tiles_on_a_gpu():
 
 def check_library_products(device: str) -> None:
     """Products of several tokens over int4 weights through PyTorch's int4 kernel (`kernels.library_gemv`, bf16:
-    tinygemm on CUDA, the CPU kernel here) against the weights the codes stand for, in float64: each epilogue, RMSNorm,
-    the o product's head-major inputs, a head whose rows are padded to 16. Bound, with u = 2^-8 (bf16): the input
-    rounded once (u |xn|), a weight de-quantised in bf16 ((q - 8) s and the offset's sum each rounded: 2u (|q - 8|
-    |s| + |z|)), fp32 sums (K 2^-24, far below u), so 4u sum_k |xn_k| (|q - 8| |s| + |z|) for the sums plus u |y|
-    for their rounding; then the epilogue's own roundings, 3u of what it writes."""
+    tinygemm on CUDA, the CPU kernel here) against the weights the codes stand for, in float64: each epilogue,
+    RMSNorm, the o product's head-major inputs, a head and a gate/up (2 x 44 rows) whose rows are padded to 16.
+    Bound, with u = 2^-8 (bf16): the input rounded once (u |xn|), a weight de-quantised in bf16 ((q - 8) s and the
+    offset's sum each rounded: 2u (|q - 8| |s| + |z|)), fp32 sums (K 2^-24, far below u), so 4u sum_k |xn_k|
+    (|q - 8| |s| + |z|) for the sums plus u |y| for their rounding; then the epilogue's own roundings, 3u of what it
+    writes."""
     import torch
 
     from spec.models import kernels
@@ -452,7 +453,7 @@ def check_library_products(device: str) -> None:
     gen = torch.Generator().manual_seed(4)
     u = 2.0 ** -8
     cases = ((kernels.ADD, 64, 256, 16), (kernels.ADD, 64, 256, 0), (kernels.SILU_MUL, 96, 256, 0),
-             (kernels.LOGITS, 300, 128, 0), (kernels.RAW, 48, 128, 0))
+             (kernels.SILU_MUL, 44, 128, 0), (kernels.LOGITS, 300, 128, 0), (kernels.RAW, 48, 128, 0))
     for (epilogue, n, k, head_major), tokens in [(case, m) for case in cases for m in (3, 5)]:
         rows = 2 * n if epilogue == kernels.SILU_MUL else n
         weight = torch.randn(rows, k, generator=gen).to(device, torch.bfloat16)
