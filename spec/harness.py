@@ -166,7 +166,12 @@ def explain_divergence(target: Model, prompt: list[int], plain: list[int], spec:
     products, which round differently; where the target's top two logits are closer than that rounding error, either
     token is the target's greedy choice up to rounding. This measures both at the first divergence: the top-2 gap of
     the target's 1-token-step logits there, and the largest logit difference between 1-token steps and one (K+1)-token
-    forward over the same positions. `near_tie` = gap <= error; a divergence that is no near-tie is a bug.
+    forward over the same positions. The two runs also reached that position through different histories: plain
+    decoding wrote every earlier position's keys and values in 1-token steps, speculation in (K+1)-token verifies, and
+    those round differently too. So the generated text before it is also fed both ways from the prompt on, one token
+    a forward and K+1 a forward, and the difference of the two logit rows there counts as well (`history_error`; the
+    gap is the one-token history's, plain decoding's own). `near_tie` = gap <= error; a divergence that is no
+    near-tie is a bug.
 
     A token tree's verify is another shape again (its forward is `nodes` + 1 tokens wide, and masked): where that is
     wider than the chain-shaped check, the same positions are also read from a tree forward whose path is the true
@@ -184,8 +189,23 @@ def explain_divergence(target: Model, prompt: list[int], plain: list[int], spec:
     gap, error = float(top[0] - top[1]), float((steps - verify).abs().max())
     out = {"first_divergence": first, "plain_token": plain[first] if first < len(plain) else None,
            "spec_token": spec[first] if first < len(spec) else None, "top2_gap": gap, "shape_error": error}
+
+    def history(chunk: int) -> torch.Tensor:
+        """The logits at the divergence after the prompt and then the generated text `chunk` tokens a forward."""
+        target.reset()
+        row = target.forward(list(prompt), keep=1)
+        for i in range(0, first, chunk):
+            row = target.forward(plain[i : min(i + chunk, first)], keep=1)
+        return row[-1].float()
+
+    one, chunked = history(1), history(k + 1)
+    top = one.topk(2).values
+    out["top2_gap"] = gap = float(top[0] - top[1])
+    out["history_error"] = float((one - chunked).abs().max())
+    out["shape_error"] = error = max(error, out["history_error"])
     if nodes + 1 > width >= 2:
-        target.rollback(len(text) - width)
+        target.reset()
+        target.forward(text[:-width], keep=1)
         tokens, parents, path = tree_around(text[-width:], nodes + 1, target.vocab)
         tree_rows = target.forward(tokens, tree=layout(parents, 0, len(tokens), len(text) - width, steps.device))
         out["tree_error"] = float((steps - tree_rows[path]).abs().max())

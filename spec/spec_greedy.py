@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
             d = row["divergence"]
             print(f"{row['id']}: first differs at token {d['first_divergence']} ({d['plain_token']} plain, "
                   f"{d['spec_token']} speculative); top-2 logit gap there {d['top2_gap']:.4f}, logit difference "
-                  f"between a 1-token step and a K+1 verify {d['shape_error']:.4f}: "
+                  f"between 1-token and K+1-token forwards reaching it {d['shape_error']:.4f}: "
                   f"{'a near-tie (rounding)' if d['near_tie'] else 'NOT a near-tie: a bug'}")
     bug = total["divergences"] > total["near_ties"]
     plain = "plain greedy decoding" + (f" of the {pair.target_quant} target" if pair.target_quant != "none" else "")
