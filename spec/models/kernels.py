@@ -645,7 +645,8 @@ def library_gemv(x, weight: PackedWeight, out, epilogue: int, norm_weight=None, 
     `norm_weight` RMS-normalised, rounded to x's dtype once; head-major ones gathered) by `library_input`, the
     product [M, rows] in x's dtype, then `gemv`'s epilogue into `out` by `library_output`. The product's sums are
     rounded to x's dtype before the epilogue (RAW's too), and the weights are de-quantised by the library (in bf16
-    on CUDA): a draft's numbers, not bit for bit the fused kernels'."""
+    on CUDA): not bit for bit the fused kernels' numbers, so an int4 target's verify and its one-token step round
+    apart by more (bf16 near-ties, docs/quantization.md)."""
     k = weight.shape[1]
     tokens = x.numel() // k
     n = weight.shape[0] // (2 if epilogue == SILU_MUL else 1)

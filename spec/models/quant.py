@@ -353,9 +353,13 @@ class PackedWeight:
         """The fp32 weight [N, K] the codes stand for (the tests' reference)."""
         if self.scheme in ROW_SCALED:
             return dequantize_rows(self.codes, self.scales)
-        halves = self.codes.view(self.shape[0], -1, self.group // 2)  # [N, K / group, group / 2]
-        grouped = torch.cat([halves & 15, halves >> 4], -1).float()  # [N, K / group, group], inputs in order
+        grouped = self.int4_codes().view(self.shape[0], -1, self.group).float()  # [N, K / group, group]
         return ((grouped - 8) * self.scales.float()[..., None] + self.zeros.float()[..., None]).view(self.shape)
+
+    def int4_codes(self) -> torch.Tensor:
+        """int4: the codes [N, K] in 0..15 (uint8), inputs in order (each group's low nibbles, then its high ones)."""
+        halves = self.codes.view(self.shape[0], -1, self.group // 2)  # [N, K / group, group / 2]
+        return torch.cat([halves & 15, halves >> 4], -1).view(self.shape)
 
 
 def library_layout_error(weight: PackedWeight, dtype: torch.dtype) -> str | None:
@@ -374,8 +378,7 @@ def with_library_layout(weight: PackedWeight) -> PackedWeight:
     kernel on their device, the rows padded to INT4_ROWS with zero codes and zero scales (weights 0, outputs
     dropped), the scales and offsets as scales_and_zeros. The same numbers: `test_quant` checks both products."""
     n, k = weight.shape
-    halves = weight.codes.view(n, k // weight.group, weight.group // 2)
-    codes = torch.cat([halves & 15, halves >> 4], -1).reshape(n, k)  # uint8: a byte a code (an 8B head: 0.5 GB)
+    codes = weight.int4_codes()  # uint8: a byte a code (an 8B head: 0.5 GB)
     rows = -(-n // INT4_ROWS) * INT4_ROWS
     codes = torch.cat([codes, codes.new_zeros(rows - n, k)])
     scales_and_zeros = torch.stack([weight.scales.t(), weight.zeros.t()], -1)  # [K / group, N, 2]
