@@ -102,12 +102,12 @@ def test_fused_step_refuses_layers_it_does_not_know(pair):
         GraphModel(model, max_length=32, graphs=False, fused_tokens=4)
 
 
-def small_model(arch: str, dtype: torch.dtype, device: str = "cuda"):
+def small_model(arch: str, dtype: torch.dtype, device: str = "cuda", intermediate: int = 192):
     """A two-layer Llama or Qwen2 (with q/k/v biases that matter) whose heads are big enough for the fused kernels."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    shape = dict(vocab_size=300, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=1024)
+    shape = dict(vocab_size=300, hidden_size=128, intermediate_size=intermediate, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
     torch.manual_seed(0)
     model = (LlamaForCausalLM(LlamaConfig(**shape)) if arch == "llama" else Qwen2ForCausalLM(Qwen2Config(**shape)))
     model = model.to(device, dtype).eval()
@@ -440,7 +440,8 @@ def test_int4_products_over_several_tiles_on_a_gpu():
 def check_library_products(device: str) -> None:
     """Products of several tokens over int4 weights through PyTorch's int4 kernel (`kernels.library_gemv`, bf16:
     tinygemm on CUDA, the CPU kernel here) against the weights the codes stand for, in float64: each epilogue,
-    RMSNorm, the o product's head-major inputs, a head and a gate/up (2 x 44 rows) whose rows are padded to 16.
+    RMSNorm, the o product's head-major inputs, a head and a gate/up (2 x 44 rows) whose rows are padded to 16; an
+    ADD's epilogue also making the next product's normed input (`norm_next`).
     Bound, with u = 2^-8 (bf16): the input rounded once (u |xn|), a weight de-quantised in bf16 ((q - 8) s and the
     offset's sum each rounded: 2u (|q - 8| |s| + |z|)), fp32 sums (K 2^-24, far below u), so 4u sum_k |xn_k|
     (|q - 8| |s| + |z|) for the sums plus u |y| for their rounding; then the epilogue's own roundings, 3u of what it
@@ -481,6 +482,18 @@ def check_library_products(device: str) -> None:
                              head_major)
         error = (got.double().cpu() - want).abs()
         assert (error <= bound).all(), (epilogue, n, k, head_major, tokens, float(error.max()), float(bound.min()))
+        if epilogue == kernels.ADD:  # the next product's input from the same epilogue: the same sum written, and
+            # RMSNorm of it times the next norm's weight from fp32 sums (far below u), converted to bf16 once: within
+            # one ulp, 2u (Triton's interpreter converts by truncation, a GPU to nearest)
+            next_norm = (torch.rand(n, generator=gen) + 0.5).to(torch.bfloat16)
+            again = out.to(device)
+            normed = kernels.library_gemv(inputs.to(device), packed, again, epilogue, None, 0.0, head_major,
+                                          norm_next=(next_norm.to(device), 1e-6))
+            assert torch.equal(again, got)
+            h = got.double().cpu()
+            wanted = h * torch.rsqrt((h ** 2).mean(1, keepdim=True) + 1e-6) * next_norm.double()
+            assert normed.shape == (tokens, n) and normed.dtype == torch.bfloat16
+            assert ((normed.double().cpu() - wanted).abs() <= 2 * u * wanted.abs() + 1e-6).all()
 
 
 INTERPRETED_LIBRARY_PRODUCTS = """
@@ -506,6 +519,36 @@ def test_int4_library_products_on_a_gpu():
     if not kernels.available():
         pytest.skip("needs Triton")
     check_library_products("cuda")
+
+
+@cuda
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_library_products_fused_between_them_change_no_bit(arch, monkeypatch):
+    """An int4 model's forwards of 3-16 tokens run PyTorch's int4 kernel for every product. With the launches between
+    them fused (`kernels.LIBRARY_FUSED`: o's and down's epilogues make the next product's normed input, rope_rows
+    reads q/k/v as the library wrote it) and apart, graphed: the same logits and caches, bit for bit, as the same
+    arithmetic in the same order. (Every product's inputs are whole groups of 128 here, as the library needs.)"""
+    import copy
+
+    from spec.models import kernels
+
+    if not kernels.available():
+        pytest.skip("needs Triton")
+    model = small_model(arch, torch.bfloat16, intermediate=256)
+    prompt = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(5)).cuda()
+    runs = {}
+    for fused in (True, False):
+        monkeypatch.setattr(kernels, "LIBRARY_FUSED", fused)
+        graphed = GraphModel(copy.deepcopy(model), max_length=2 * SPAN_STEP, quant="int4")
+        assert all(w.library is not None for w in (*graphed.step_weights[0], graphed.head_weight))
+        logits = [graphed.forward(prompt)]
+        for n in (3, 5, 9, 16):
+            logits.append(graphed.forward(prompt[:n]))
+            graphed.rollback(graphed.length - 1)
+        runs[fused] = logits, graphed.k_cache[1][:, : graphed.length].clone()
+    for (a, b) in zip(runs[True][0], runs[False][0], strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(runs[True][1], runs[False][1])
 
 
 INTERPRETED_SPLIT_PRODUCTS = """

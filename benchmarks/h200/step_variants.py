@@ -3,12 +3,16 @@
 combine always a second kernel ("twopass"), the fused one-token step with verifies on the layer stack ("fused1"),
 and the layer stack alone (not compiled), each for forwards of 1, 2, 5, 8, 9 and 16 tokens; "chunk<N>" runs the fused
 kernels with the split-KV attention reading N cached positions a program (the rule, `kernels._chunk`: 32 up to a
-1024-token span), so fewer programs a head and fewer partial sums for its last program to combine. The draft runs
-in `--draft-quant`'s format (none, int8, int4, fp8).
+1024-token span), so fewer programs a head and fewer partial sums for its last program to combine; "apart" runs the
+fused kernels with the launches between int4 library products not fused (`kernels.LIBRARY_FUSED` off: every
+product norms its own input, the q/k/v product's output is copied to fp32 first). The draft runs in
+`--draft-quant`'s format (none, int8, int4, fp8).
 
     PYTHONPATH=. python benchmarks/h200/step_variants.py --pair llama-random --device cuda
     PYTHONPATH=. python benchmarks/h200/step_variants.py --pair llama-random --device cuda --ns 1 \
         --variants fused+pdl,chunk64+pdl,chunk128+pdl --draft-quant int4 --context 512
+    PYTHONPATH=. python benchmarks/h200/step_variants.py --pair llama-random --device cuda --ns 1,2,3,4,5,8,16 \
+        --variants fused+pdl,apart+pdl,fused+pdl,apart+pdl --draft-quant int4
 """
 
 import argparse
@@ -37,13 +41,14 @@ context = torch.randint(0, pair.target.vocab, (args.context - 1,), generator=tor
 context = context.to(pair.device)
 ns = [int(n) for n in args.ns.split(",")]
 variants = args.variants.split(",")
-one_pass, chunk = kernels.ONE_PASS_ELEMENTS, kernels._chunk
+one_pass, chunk, library_fused = kernels.ONE_PASS_ELEMENTS, kernels._chunk, kernels.LIBRARY_FUSED
 # A variant named twice (the rule first and last, to see the drift) is labelled by its turn: fused+pdl, fused+pdl#2.
 labels = [v if not variants[:i].count(v) else f"{v}#{variants[:i].count(v) + 1}" for i, v in enumerate(variants)]
 rows = {}
 for variant, label in zip(variants, labels, strict=True):
     kernels.ONE_PASS_ELEMENTS = 0 if variant.startswith("twopass") else one_pass
     kernels._chunk = (lambda span, n=int(variant[5:].split("+")[0]): n) if variant.startswith("chunk") else chunk
+    kernels.LIBRARY_FUSED = library_fused and not variant.startswith("apart")
     for role in ("target", "draft"):
         m = getattr(pair, role)
         if role == "draft" and quant != "none" and variant.startswith(("stack", "fused1")):

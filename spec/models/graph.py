@@ -340,17 +340,27 @@ class GraphModel:
         logits = torch.empty((n, head.shape[0]), dtype=torch.float32, device=h.device)  # every row, as eager
         # Query heads that share a K/V head are the attention's extra rows, as in `_body`: [kv, groups * n, D].
         q_rows = q.view(self.kv_heads, self.heads // self.kv_heads * n, self.head_dim)
+        norm = self.model.model.norm
+        # Each normed product's norm and weight, in order: the next one's go to the ADD before it, whose epilogue
+        # may make that product's input (`kernels.gemv`'s norm_next; library products only, else None).
+        normed_products = [(layer[0], weights[0]) for layer, weights in zip(self.layers, self.step_weights)]
+        normed_products.append((norm, head))
+        normed = None
         for i, ((norm1, (_, b_qkv), _, norm2, _, _, _), (w_qkv, w_o, w_gu, w_down)) in enumerate(
                 zip(self.layers, self.step_weights, strict=True)):
             kernels.qkv_rope(h, norm1.weight, norm1.variance_epsilon, w_qkv, b_qkv, cos, sin, self.pos, q,
-                             self.k_cache[i], self.v_cache[i], self.heads, self.kv_heads, pdl=self.pdl)
+                             self.k_cache[i], self.v_cache[i], self.heads, self.kv_heads, pdl=self.pdl, normed=normed)
             out = kernels.decode_attention(q_rows, self.k_cache[i], self.v_cache[i], self.pos, span, n, self.scaling,
                                            self.pdl, mask)
-            kernels.gemv(out, w_o, h, kernels.ADD, head_major=self.head_dim, pdl=self.pdl)
-            kernels.gemv(h, w_gu, act, kernels.SILU_MUL, norm2.weight, norm2.variance_epsilon, pdl=self.pdl)
-            kernels.gemv(act, w_down, h, kernels.ADD, pdl=self.pdl)
-        norm = self.model.model.norm
-        kernels.gemv(h, head, logits, kernels.LOGITS, norm.weight, norm.variance_epsilon, pdl=self.pdl)
+            normed = kernels.gemv(out, w_o, h, kernels.ADD, head_major=self.head_dim, pdl=self.pdl,
+                                  norm_next=(norm2.weight, norm2.variance_epsilon, w_gu))
+            kernels.gemv(h, w_gu, act, kernels.SILU_MUL, norm2.weight, norm2.variance_epsilon, pdl=self.pdl,
+                         normed=normed)
+            next_norm, next_weight = normed_products[i + 1]
+            normed = kernels.gemv(act, w_down, h, kernels.ADD, pdl=self.pdl,
+                                  norm_next=(next_norm.weight, next_norm.variance_epsilon, next_weight))
+        kernels.gemv(h, head, logits, kernels.LOGITS, norm.weight, norm.variance_epsilon, pdl=self.pdl,
+                     normed=normed)
         return logits[:, : self.vocab]
 
     def _logits(self, ids: torch.Tensor, span: torch.Tensor, keep: int | None = None, tree: bool = False

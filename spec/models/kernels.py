@@ -278,6 +278,12 @@ MAX_KERNEL_TOKENS = 64  # the most one fused forward takes (a token tree's verif
 # more. SPARK_SPEC_LIBRARY_TOKENS, read when this module is imported, moves the threshold (0: never; at least 2:
 # one-token products are always ours).
 LIBRARY_TOKENS = max(2, int(os.environ.get("SPARK_SPEC_LIBRARY_TOKENS") or 3) or MAX_KERNEL_TOKENS + 1)
+# Between two library products the layer needs no launch of its own for the input: the epilogue that adds o's (or
+# down's) product into the residual stream holds the token's whole row and writes the next product's RMS-normed
+# input beside it (`gemv`'s `norm_next`), and rope_rows reads the q/k/v product in x's dtype as the library wrote
+# it. Three launches a layer fewer: 9 around the attention where there were 12. SPARK_SPEC_LIBRARY_FUSED=0, read
+# when this module is imported, launches them apart again (how a benchmark measures what it gives).
+LIBRARY_FUSED = os.environ.get("SPARK_SPEC_LIBRARY_FUSED") != "0"
 
 
 def library_product(weight: torch.Tensor | PackedWeight, tokens: int) -> bool:
@@ -562,10 +568,12 @@ def packed_columns(block_k: int, k: int, quant: int) -> int:
 
 
 def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_cache, v_cache,
-             heads: int, kv_heads: int, config: tuple[int, ...] | None = None, pdl: bool = False) -> None:
+             heads: int, kv_heads: int, config: tuple[int, ...] | None = None, pdl: bool = False,
+             normed: torch.Tensor | None = None) -> None:
     """RMSNorm(h) [M, K] (or [K]: one token) times the fused q/k/v weight [(heads + 2 kv_heads) * D, K] (+ bias;
     a tensor or a PackedWeight), rotary embedding of token m at position pos + m on q and k; q into q_out,
-    head-major [heads, M, D], k and v into the caches [kv_heads, capacity, D] at pos + m. M <= MAX_KERNEL_TOKENS."""
+    head-major [heads, M, D], k and v into the caches [kv_heads, capacity, D] at pos + m. M <= MAX_KERNEL_TOKENS.
+    `normed`: RMSNorm(h) already made (`gemv`'s `norm_next`), taken instead of h."""
     dim = k_cache.shape[-1]
     tokens, k = (1, h.shape[0]) if h.dim() == 1 else h.shape
     operands, quant = weight_operands(w_qkv)
@@ -582,16 +590,22 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
     # 2-64 tokens: the product (its rows spread over every multiprocessor) into fp32, then one program a head for
     # the bias, rounding and rotary embedding. (A product of 6144 rows in programs that own whole heads' rotary
     # pairs has too few programs to keep an H200's memory busy: 30 µs for the 8B's q/k/v, against 16 for cuBLAS;
-    # this split takes 16.7 at 9 tokens, benchmarks/h200/tune_kernels-qkv-rows.json.)
-    y = torch.empty((tokens, w_qkv.shape[0]), dtype=torch.float32, device=h.device)
-    gemv(h, w_qkv, y, RAW, norm_weight, eps, config, pdl=pdl)
+    # this split takes 16.7 at 9 tokens, benchmarks/h200/tune_kernels-qkv-rows.json.) The library's product is
+    # read as it wrote it, in x's dtype.
+    x, norm_weight = (h, norm_weight) if normed is None else (normed, None)
+    if library_product(w_qkv, tokens) and LIBRARY_FUSED:
+        y = library_mm(x, w_qkv, norm_weight, eps, pdl=pdl)
+    else:
+        y = torch.empty((tokens, w_qkv.shape[0]), dtype=torch.float32, device=h.device)
+        gemv(x, w_qkv, y, RAW, norm_weight, eps, config, pdl=pdl)
     _launch(_triton().rope_rows, (heads + 2 * kv_heads,), (0, 0, 4), pdl, y, bias, cos, sin, pos, q_out, k_cache,
-            v_cache, tokens, k_cache.stride(0), HEADS=heads, KV=kv_heads, D=dim, HAS_BIAS=b_qkv is not None,
-            MP=tile_tokens(tokens))
+            v_cache, tokens, k_cache.stride(0), y.shape[1], HEADS=heads, KV=kv_heads, D=dim,
+            HAS_BIAS=b_qkv is not None, MP=tile_tokens(tokens))
 
 
 def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
-         config: tuple[int, ...] | None = None, head_major: int = 0, pdl: bool = False) -> None:
+         config: tuple[int, ...] | None = None, head_major: int = 0, pdl: bool = False,
+         normed: torch.Tensor | None = None, norm_next: tuple | None = None) -> torch.Tensor | None:
     """The product x . weight.T of M tokens x [M, K] (or [K]: one token; weight [N, K], a tensor in the model's
     dtype or a PackedWeight, int8 / int4 codes de-quantised in registers) with an epilogue into `out` [M, N]: ADD
     (out += y), SILU_MUL (the weight holds gate then up, N rows each: out = SiLU(gate) * up), LOGITS (out fp32 =
@@ -599,13 +613,22 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     `norm_weight`, x is RMS-normalised first. `head_major` = D reads x as [K // D, M, D] (the attention's output)
     instead of [M, K]. M <= MAX_KERNEL_TOKENS: one token in `gemv`, 2-MAX_FEW_TOKENS over packed weights in
     `gemv_few`, the rest in the tensor-core `gemv_rows`; from LIBRARY_TOKENS tokens on, int4 weights that carry
-    PyTorch's layout in its int4 kernel (`library_gemv`)."""
+    PyTorch's layout in its int4 kernel (`library_gemv`).
+
+    Between library products (LIBRARY_FUSED): `norm_next` = (norm weight, eps, the next product's weight) on an ADD
+    asks for the next product's input, RMSNorm(out) [M, N], made by this epilogue; it is returned when both
+    products run the library's kernel (else None, and the next product norms its own input). The next product takes
+    it as `normed`, in place of x and its norm."""
     n = weight.shape[0] // (2 if epilogue == SILU_MUL else 1)
     k = weight.shape[1]
     tokens = x.numel() // k
+    if normed is not None:
+        x, norm_weight = normed, None
     if library_product(weight, tokens):
-        library_gemv(x, weight, out, epilogue, norm_weight, eps, head_major, pdl)
-        return
+        fuse = (LIBRARY_FUSED and epilogue == ADD and norm_next is not None
+                and library_product(norm_next[2], tokens))
+        return library_gemv(x, weight, out, epilogue, norm_weight, eps, head_major, pdl,
+                            norm_next[:2] if fuse else None)
     kind = {ADD: "add", SILU_MUL: "silu_mul", LOGITS: "logits", RAW: "raw"}[epilogue]
     operands, quant = weight_operands(weight)
     config = config or gemv_config(kind, n, k, x.device, tokens, _scheme(weight))
@@ -639,28 +662,53 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
 
 
 
-def library_gemv(x, weight: PackedWeight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
-                 head_major: int = 0, pdl: bool = False) -> None:
-    """`gemv` of M >= 2 tokens through PyTorch's int4 kernel over `weight.library`: the inputs made [M, K] (with
-    `norm_weight` RMS-normalised, rounded to x's dtype once; head-major ones gathered) by `library_input`, the
-    product [M, rows] in x's dtype, then `gemv`'s epilogue into `out` by `library_output`. The product's sums are
-    rounded to x's dtype before the epilogue (RAW's too), and the weights are de-quantised by the library (in bf16
-    on CUDA): not bit for bit the fused kernels' numbers, so an int4 target's verify and its one-token step round
-    apart by more (bf16 near-ties, docs/quantization.md)."""
+def library_mm(x, weight: PackedWeight, norm_weight=None, eps: float = 0.0, head_major: int = 0,
+               pdl: bool = False) -> torch.Tensor:
+    """The product of M >= 2 tokens x [M, K] through PyTorch's int4 kernel over `weight.library`: [M, rows] in
+    x's dtype (rows padded to INT4_ROWS). The inputs are made [M, K] first (with `norm_weight` RMS-normalised,
+    rounded to x's dtype once; head-major ones gathered) by `library_input`, where they are not so already."""
     k = weight.shape[1]
     tokens = x.numel() // k
-    n = weight.shape[0] // (2 if epilogue == SILU_MUL else 1)
     inputs = x.view(tokens, k)
     if norm_weight is not None or head_major:
         inputs = torch.empty((tokens, k), dtype=x.dtype, device=x.device)
         _run(_triton().library_input, (tokens,), x, x if norm_weight is None else norm_weight, inputs, eps, tokens,
-             k, NORM=norm_weight is not None, XD=head_major, BLOCK=_pow2(k), PDL=pdl, num_warps=4 if k <= 4096 else 8,
+             k, NORM=norm_weight is not None, XD=head_major, BLOCK=_pow2(k), PDL=pdl, num_warps=_row_warps(k),
              launch_pdl=pdl)
     codes, scales_and_zeros = weight.library
-    y = int4_library_mm(inputs, codes, weight.group, scales_and_zeros)
-    block = 1024
-    _run(_triton().library_output, (-(-n // block), tokens), y, out, n, y.shape[1], EPILOGUE=epilogue, BLOCK=block,
-         PDL=pdl, num_warps=4, launch_pdl=pdl)
+    return int4_library_mm(inputs, codes, weight.group, scales_and_zeros)
+
+
+def _row_warps(k: int) -> int:
+    """Warps of a program that holds a token's whole row of k (`library_input`, `library_output`'s NORM_NEXT: the
+    same, so that their RMSNorms sum in the same order)."""
+    return 4 if k <= 4096 else 8
+
+
+def library_gemv(x, weight: PackedWeight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
+                 head_major: int = 0, pdl: bool = False, norm_next: tuple | None = None) -> torch.Tensor | None:
+    """`gemv` of M >= 2 tokens through PyTorch's int4 kernel (`library_mm`), then `gemv`'s epilogue into `out` by
+    `library_output`. The product's sums are rounded to x's dtype before the epilogue (RAW's too), and the weights
+    are de-quantised by the library (in bf16 on CUDA): not bit for bit the fused kernels' numbers, so an int4
+    target's verify and its one-token step round apart by more (bf16 near-ties, docs/quantization.md). With
+    `norm_next` = (norm weight, eps), an ADD also returns the next product's input: the new out, RMS-normed and
+    rounded as `library_input` would make it."""
+    tokens = x.numel() // weight.shape[1]
+    n = weight.shape[0] // (2 if epilogue == SILU_MUL else 1)
+    y = library_mm(x, weight, norm_weight, eps, head_major, pdl)
+    normed = None
+    if norm_next is not None:
+        if epilogue != ADD:
+            raise ValueError("only an ADD epilogue holds the residual row the next product's norm needs")
+        normed = torch.empty((tokens, n), dtype=x.dtype, device=x.device)
+        block, warps = _pow2(n), _row_warps(n)
+    else:
+        block, warps = 1024, 4
+    next_weight, next_eps = norm_next or (out, 0.0)
+    _run(_triton().library_output, (-(-n // block), tokens), y, out, next_weight, out if normed is None else normed,
+         next_eps, n, y.shape[1], EPILOGUE=epilogue, BLOCK=block, NORM_NEXT=normed is not None, PDL=pdl,
+         num_warps=warps, launch_pdl=pdl)
+    return normed
 
 
 @functools.cache

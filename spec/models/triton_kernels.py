@@ -358,19 +358,22 @@ def one_token_tile(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, BLOCK_K: tl.constexpr, 
 @triton.jit
 def store_epilogue(out, ok, y, up, like_ptr, EPILOGUE: tl.constexpr):
     """ADD (0): out += y; SILU_MUL (1): out = SiLU(y) * up; LOGITS (2): out = y, fp32. Each rounded to the model's
-    dtype (like_ptr's) where the transformers model rounds; RAW (3): out = y, fp32, unrounded (for rope_rows)."""
+    dtype (like_ptr's) where the transformers model rounds; RAW (3): out = y, fp32, unrounded (for rope_rows).
+    Returns what it wrote, as fp32."""
     dtype = like_ptr.dtype.element_ty
     if EPILOGUE != 3:
         y = y.to(dtype).to(tl.float32)
     if EPILOGUE == 0:  # the residual stream, in place
         h = tl.load(out, mask=ok, other=0.0).to(tl.float32)
-        tl.store(out, (h + y).to(dtype), mask=ok)
+        written = (h + y).to(dtype)
     elif EPILOGUE == 1:
         up = up.to(dtype).to(tl.float32)
         silu = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32)
-        tl.store(out, (silu * up).to(dtype), mask=ok)
+        written = (silu * up).to(dtype)
     else:
-        tl.store(out, y, mask=ok)
+        written = y
+    tl.store(out, written, mask=ok)
+    return written.to(tl.float32)
 
 
 @triton.jit
@@ -773,12 +776,13 @@ def rows_epilogue(out_ptr, acc, acc_up, sq, rw, ru, rows, rm, ms, mm, N, K, eps,
 
 
 @triton.jit
-def rope_rows(y_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, M, kv_stride,
+def rope_rows(y_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, M, kv_stride, y_stride,
               HEADS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, HAS_BIAS: tl.constexpr, MP: tl.constexpr,
               PDL: tl.constexpr):
-    """The q/k/v product's epilogue for M tokens, one program a head: y [M, (HEADS + 2 KV) * D] (fp32, RMSNorm's
-    scale applied) + bias, rounded; rotary embedding on q and k; q out head-major [HEADS, M, D], k and v into the
-    caches at pos + m. The same arithmetic as qkv_rope's epilogue."""
+    """The q/k/v product's epilogue for M tokens, one program a head: y [M, (HEADS + 2 KV) * D] (rows y_stride
+    apart; fp32 from `gemv_rows`, RMSNorm's scale applied, or the library's product in x's dtype) + bias, rounded;
+    rotary embedding on q and k; q out head-major [HEADS, M, D], k and v into the caches at pos + m. The same
+    arithmetic as qkv_rope's epilogue."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     head = tl.program_id(0)  # q heads, then k heads, then v heads
@@ -799,8 +803,7 @@ def rope_rows(y_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, M,
         bb = tl.load(b_ptr + head * D + D // 2 + j).to(tl.float32)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    n = (HEADS + 2 * KV) * D
-    y = y_ptr + ms[None, :] * n + head * D + j[:, None]
+    y = y_ptr + ms[None, :] * y_stride + head * D + j[:, None]
     dtype = q_ptr.dtype.element_ty
     ya = (tl.load(y, mask=ok, other=0.0) + ba[:, None]).to(dtype).to(tl.float32)
     yb = (tl.load(y + D // 2, mask=ok, other=0.0) + bb[:, None]).to(dtype).to(tl.float32)
@@ -816,6 +819,13 @@ def rope_rows(y_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, M,
 
 
 # ---- around PyTorch's int4 kernel (tinygemm): a product of several tokens over int4 weights -----------------------
+
+
+@triton.jit
+def rms_normed(x, w, K, eps):
+    """RMSNorm of one token's inputs x (fp32, zeros past K) times the norm's weight w: the library products' one
+    rounding of a normed input (`library_input`, `library_output`'s NORM_NEXT), the same arithmetic in both."""
+    return x * tl.rsqrt(tl.sum(x * x, 0) / K + eps) * w
 
 
 @triton.jit
@@ -836,22 +846,31 @@ def library_input(x_ptr, nw_ptr, out_ptr, eps, M, K, NORM: tl.constexpr, XD: tl.
         tl.extra.cuda.gdc_wait()
     x = tl.load(x_ptr + token_at(k, m, M, K, XD), mask=ok, other=0.0).to(tl.float32)
     if NORM:
-        x = x * tl.rsqrt(tl.sum(x * x, 0) / K + eps) * w
+        x = rms_normed(x, w, K, eps)
     tl.store(out_ptr + m * K + k, x.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def library_output(y_ptr, out_ptr, N, ROWS, EPILOGUE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def library_output(y_ptr, out_ptr, nw_ptr, normed_ptr, eps, N, ROWS, EPILOGUE: tl.constexpr, BLOCK: tl.constexpr,
+                   NORM_NEXT: tl.constexpr, PDL: tl.constexpr):
     """The library's product y [M, ROWS] (x's dtype) into out [M, N] by `gemv`'s epilogue (`store_epilogue`; for
-    SILU_MUL y holds the gate's N rows, then the up's). Program (i, m): token m's columns i BLOCK to (i + 1) BLOCK."""
+    SILU_MUL y holds the gate's N rows, then the up's). Program (i, m): token m's columns i BLOCK to (i + 1) BLOCK.
+    NORM_NEXT (ADD, one program a token, BLOCK >= N): also the next product's input, the new residual row
+    RMS-normalised and times the norm's weight nw, rounded once, into normed [M, N]: `library_input`'s work for that
+    product, done here where the row already sits in registers (one launch a product fewer)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     m = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < N
+    if NORM_NEXT:
+        w = tl.load(nw_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     y = tl.load(y_ptr + m * ROWS + cols, mask=ok, other=0.0).to(tl.float32)
     up = y
     if EPILOGUE == 1:
         up = tl.load(y_ptr + m * ROWS + N + cols, mask=ok, other=0.0).to(tl.float32)
-    store_epilogue(out_ptr + m * N + cols, ok, y, up, y_ptr, EPILOGUE)
+    h = store_epilogue(out_ptr + m * N + cols, ok, y, up, y_ptr, EPILOGUE)
+    if NORM_NEXT:
+        tl.store(normed_ptr + m * N + cols, rms_normed(h, w, N, eps).to(normed_ptr.dtype.element_ty), mask=ok)
