@@ -322,6 +322,14 @@ TUNED: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = {
         ("silu_mul_rows32", 14336, 4096): (64, 64, 4, 4),
         ("add_rows32", 4096, 14336): (64, 128, 4, 4),
         ("logits_rows32", 128256, 4096): (64, 64, 4, 4),
+        # 33-64 tokens (a tree's verify of up to 64 nodes), 8B, tuned at 64 (session 23, benchmarks/h200/session23/):
+        # the whole 64-token forward 5.48 ms against 6.34 with the wide rule (the tuner's keep check); bench_engine's
+        # 64-node verify 1.495 one-token steps against 1.670. (On an H100 the same tuning lost end to end, session 15.)
+        ("qkv_rows64", 64, 4096): (64, 64, 4, 4),
+        ("add_rows64", 4096, 4096): (64, 128, 4, 4),
+        ("silu_mul_rows64", 14336, 4096): (64, 64, 4, 4),
+        ("add_rows64", 4096, 14336): (64, 128, 4, 4),
+        ("logits_rows64", 128256, 4096): (64, 64, 4, 3),
         # Llama-3.2-1B's one-token products over int4 / int8 codes (session 21, benchmarks/h200/session21/), all
         # five of each kept by the tuner's whole-forward check: the int4 forward 0.592 -> 0.539 ms, int8 0.697 ->
         # 0.603; the step in bench_engine, the same call, int4 0.601 -> 0.558, int8 0.717 -> 0.620. (q/k/v: 16 rows
