@@ -373,6 +373,14 @@ TUNED: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = {
         # benchmarks/h100/session21/, timed alone, not checked in a whole forward)
         ("add_few@int8", 2048, 2048): (8, 1024, 4),
         ("add_few@int8", 2048, 8192): (8, 2048, 4),
+        # Llama-3.2-1B's int8 tensor-core tiles (5-16 tokens), tuned at 9 and kept by the tuner's whole-forward check
+        # (session 23, benchmarks/h100/session23/): its forwards of 5 / 8 / 16 tokens 1.87 / 1.85 / 1.76 ms -> 1.72 /
+        # 1.68 / 1.62, a frontier of 8 nodes 2.83 -> 2.64 draft steps (bf16's forwards: 1.27-1.37 ms)
+        ("qkv_rows@int8", 32, 2048): (32, 64, 4, 3),
+        ("add_rows@int8", 2048, 2048): (16, 256, 4, 4),
+        ("silu_mul_rows@int8", 8192, 2048): (32, 128, 2, 3),
+        ("add_rows@int8", 2048, 8192): (64, 128, 4, 4),
+        ("logits_rows@int8", 128256, 2048): (64, 128, 2, 3),
     },
 }
 

@@ -682,12 +682,13 @@ def normed_tile(x_ptr, nw_ptr, ks, ms, mm, K, M, sq, XD: tl.constexpr, NORM: tl.
 
 @triton.jit
 def dot_operand(w, like_ptr, QUANT: tl.constexpr):
-    """A stored model-dtype or int8 tile as a tensor-core operand in the model's dtype (like_ptr's): int8 codes are
-    integers of at most 127, exact in bf16, fp16 and fp32."""
+    """A stored model-dtype, int8 or fp8 tile as a tensor-core operand in the model's dtype (like_ptr's): int8 codes
+    are integers of at most 127 and fp8 values have 4 significant bits, exact in bf16, fp16 and fp32. Converted
+    directly, not through `exact_float` as the CUDA-core kernels do: the same operand, and on an H100 the 1B's int8
+    forwards of 5 / 8 / 16 tokens took 1.87 / 1.85 / 1.76 ms against 2.07 / 2.00 / 1.85 (session 23, one call)."""
     if QUANT == 0:
         return w
-    else:
-        return as_float(w).to(like_ptr.dtype.element_ty)
+    return w.to(like_ptr.dtype.element_ty)
 
 
 @triton.jit
