@@ -453,7 +453,8 @@ def check_library_products(device: str) -> None:
 
     gen = torch.Generator().manual_seed(4)
     u = 2.0 ** -8
-    cases = ((kernels.ADD, 64, 256, 16), (kernels.ADD, 64, 256, 0), (kernels.SILU_MUL, 96, 256, 0),
+    cases = ((kernels.ADD, 64, 256, 16), (kernels.ADD, 64, 256, 0), (kernels.ADD, 96, 128, 0),
+             (kernels.SILU_MUL, 96, 256, 0),
              (kernels.SILU_MUL, 44, 128, 0), (kernels.LOGITS, 300, 128, 0), (kernels.RAW, 48, 128, 0))
     for (epilogue, n, k, head_major), tokens in [(case, m) for case in cases for m in (3, 5)]:
         rows = 2 * n if epilogue == kernels.SILU_MUL else n
@@ -483,16 +484,19 @@ def check_library_products(device: str) -> None:
         error = (got.double().cpu() - want).abs()
         assert (error <= bound).all(), (epilogue, n, k, head_major, tokens, float(error.max()), float(bound.min()))
         if epilogue == kernels.ADD:  # the next product's input from the same epilogue: the same sum written, and
-            # RMSNorm of it times the next norm's weight from fp32 sums (far below u), converted to bf16 once: within
-            # one ulp, 2u (Triton's interpreter converts by truncation, a GPU to nearest)
-            next_norm = (torch.rand(n, generator=gen) + 0.5).to(torch.bfloat16)
+            # RMSNorm of it times the next norm's weight, bit for bit what the next product's own input kernel makes
+            # of it (`library_inputs`), and within one ulp (2u: Triton's interpreter converts to bf16 by truncation,
+            # a GPU to nearest; fp32 sums far below u) of float64. Its eps, 16, is a tenth of the rows' mean square
+            # or more (|y| ~ 16 from 256 inputs): one left out or mixed up moves every input by 3 % or more.
+            next_norm = (torch.rand(n, generator=gen) + 0.5).to(torch.bfloat16).to(device)
             again = out.to(device)
             normed = kernels.library_gemv(inputs.to(device), packed, again, epilogue, None, 0.0, head_major,
-                                          norm_next=(next_norm.to(device), 1e-6))
+                                          norm_next=(next_norm, 16.0))
             assert torch.equal(again, got)
-            h = got.double().cpu()
-            wanted = h * torch.rsqrt((h ** 2).mean(1, keepdim=True) + 1e-6) * next_norm.double()
             assert normed.shape == (tokens, n) and normed.dtype == torch.bfloat16
+            assert torch.equal(normed, kernels.library_inputs(got, n, next_norm, 16.0))
+            h = got.double().cpu()
+            wanted = h * torch.rsqrt((h ** 2).mean(1, keepdim=True) + 16.0) * next_norm.double().cpu()
             assert ((normed.double().cpu() - wanted).abs() <= 2 * u * wanted.abs() + 1e-6).all()
 
 
@@ -521,34 +525,72 @@ def test_int4_library_products_on_a_gpu():
     check_library_products("cuda")
 
 
-@cuda
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_library_products_fused_between_them_change_no_bit(arch, monkeypatch):
-    """An int4 model's forwards of 3-16 tokens run PyTorch's int4 kernel for every product. With the launches between
+def check_library_fusion(device: str) -> None:
+    """An int4 model's forwards of 3-16 tokens run PyTorch's int4 kernel for its products. With the launches between
     them fused (`kernels.LIBRARY_FUSED`: o's and down's epilogues make the next product's normed input, rope_rows
-    reads q/k/v as the library wrote it) and apart, graphed: the same logits and caches, bit for bit, as the same
-    arithmetic in the same order. (Every product's inputs are whole groups of 128 here, as the library needs.)"""
+    reads q/k/v as the library wrote it) and apart: the same logits and caches, bit for bit, as the same arithmetic
+    in the same order. Llama and Qwen2 layers, every norm with weights of its own (a norm handed to the wrong product
+    shows), every product's inputs a multiple of 128 (all through the library) or down's not (192: it runs our
+    kernels, and the next layer's q/k/v norms its own input). CUDA's rule for what the library takes, on any device."""
     import copy
 
+    import spec.models.graph
+    from spec.models import kernels
+    from spec.models.quant import pack_error
+
+    rule, fused_before = spec.models.graph.library_layout_error, kernels.LIBRARY_FUSED
+    spec.models.graph.library_layout_error = lambda w, dtype: rule(w, dtype) or pack_error(w.shape, "int4", w.group,
+                                                                                          cuda=True)
+    try:
+        for arch, intermediate in (("llama", 256), ("qwen2", 256), ("llama", 192)):
+            model = small_model(arch, torch.bfloat16, device, intermediate)
+            gen = torch.Generator().manual_seed(1)
+            with torch.no_grad():
+                for module in model.modules():
+                    if type(module).__name__.endswith("RMSNorm"):
+                        module.weight.copy_(torch.rand(module.weight.shape, generator=gen) + 0.5)
+            prompt = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(5)).to(device)
+            runs = {}
+            for fused in (True, False):
+                kernels.LIBRARY_FUSED = fused
+                graphed = GraphModel(copy.deepcopy(model), max_length=2 * SPAN_STEP, quant="int4",
+                                     graphs=device == "cuda", split_attention=True, fused_step=True, fused_tokens=16)
+                library = [w.library is not None for w in (*graphed.step_weights[0], graphed.head_weight)]
+                assert library == [True, True, True, intermediate % 128 == 0, True], library
+                logits = [graphed.forward(prompt)]
+                for n in (3, 5, 9, 16):
+                    logits.append(graphed.forward(prompt[:n]))
+                    graphed.rollback(graphed.length - 1)
+                runs[fused] = logits, graphed.k_cache[1][:, : graphed.length].clone()
+            for a, b in zip(runs[True][0], runs[False][0], strict=True):
+                assert torch.equal(a, b), (arch, intermediate, float((a - b).abs().max()))
+            assert torch.equal(runs[True][1], runs[False][1])
+    finally:
+        spec.models.graph.library_layout_error, kernels.LIBRARY_FUSED = rule, fused_before
+
+
+INTERPRETED_LIBRARY_FUSION = """
+import sys
+sys.path.insert(0, "tests")
+from test_kernels import check_library_fusion
+check_library_fusion("cpu")
+print("ok")
+"""
+
+
+def test_library_products_fused_between_them_change_no_bit_in_tritons_interpreter():
+    """`check_library_fusion` in Triton's interpreter, PyTorch's CPU int4 kernel between our kernels."""
+    run_interpreted(INTERPRETED_LIBRARY_FUSION)
+
+
+@cuda
+def test_library_products_fused_between_them_change_no_bit_on_a_gpu():
+    """`check_library_fusion` on the GPU, through tinygemm, graphed."""
     from spec.models import kernels
 
     if not kernels.available():
         pytest.skip("needs Triton")
-    model = small_model(arch, torch.bfloat16, intermediate=256)
-    prompt = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(5)).cuda()
-    runs = {}
-    for fused in (True, False):
-        monkeypatch.setattr(kernels, "LIBRARY_FUSED", fused)
-        graphed = GraphModel(copy.deepcopy(model), max_length=2 * SPAN_STEP, quant="int4")
-        assert all(w.library is not None for w in (*graphed.step_weights[0], graphed.head_weight))
-        logits = [graphed.forward(prompt)]
-        for n in (3, 5, 9, 16):
-            logits.append(graphed.forward(prompt[:n]))
-            graphed.rollback(graphed.length - 1)
-        runs[fused] = logits, graphed.k_cache[1][:, : graphed.length].clone()
-    for (a, b) in zip(runs[True][0], runs[False][0], strict=True):
-        assert torch.equal(a, b)
-    assert torch.equal(runs[True][1], runs[False][1])
+    check_library_fusion("cuda")
 
 
 INTERPRETED_SPLIT_PRODUCTS = """

@@ -325,6 +325,7 @@ TUNED: dict[str, dict[tuple[str, int, int], tuple[int, ...]]] = {
         # 33-64 tokens (a tree's verify of up to 64 nodes), 8B, tuned at 64 (session 23, benchmarks/h200/session23/):
         # the whole 64-token forward 5.48 ms against 6.34 with the wide rule (the tuner's keep check); bench_engine's
         # 64-node verify 1.495 one-token steps against 1.670. (On an H100 the same tuning lost end to end, session 15.)
+        # A packed 8B target's 33-64-token products fall back to these too (`gemv_config`): not measured.
         ("qkv_rows64", 64, 4096): (64, 64, 4, 4),
         ("add_rows64", 4096, 4096): (64, 128, 4, 4),
         ("silu_mul_rows64", 14336, 4096): (64, 64, 4, 4),
@@ -681,18 +682,24 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
 def library_mm(x, weight: PackedWeight, norm_weight=None, eps: float = 0.0, head_major: int = 0,
                pdl: bool = False) -> torch.Tensor:
     """The product of M >= 2 tokens x [M, K] through PyTorch's int4 kernel over `weight.library`: [M, rows] in
-    x's dtype (rows padded to INT4_ROWS). The inputs are made [M, K] first (with `norm_weight` RMS-normalised,
-    rounded to x's dtype once; head-major ones gathered) by `library_input`, where they are not so already."""
-    k = weight.shape[1]
-    tokens = x.numel() // k
-    inputs = x.view(tokens, k)
-    if norm_weight is not None or head_major:
-        inputs = torch.empty((tokens, k), dtype=x.dtype, device=x.device)
-        _run(_triton().library_input, (tokens,), x, x if norm_weight is None else norm_weight, inputs, eps, tokens,
-             k, NORM=norm_weight is not None, XD=head_major, BLOCK=_pow2(k), PDL=pdl, num_warps=_row_warps(k),
-             launch_pdl=pdl)
+    x's dtype (rows padded to INT4_ROWS), its inputs made by `library_inputs`."""
     codes, scales_and_zeros = weight.library
+    inputs = library_inputs(x, weight.shape[1], norm_weight, eps, head_major, pdl)
     return int4_library_mm(inputs, codes, weight.group, scales_and_zeros)
+
+
+def library_inputs(x, k: int, norm_weight=None, eps: float = 0.0, head_major: int = 0,
+                   pdl: bool = False) -> torch.Tensor:
+    """The library's inputs [M, K] from x: x itself where it is so already; else with `norm_weight` RMS-normalised,
+    rounded to x's dtype once, and head-major ones gathered, by `library_input`."""
+    tokens = x.numel() // k
+    if norm_weight is None and not head_major:
+        return x.view(tokens, k)
+    inputs = torch.empty((tokens, k), dtype=x.dtype, device=x.device)
+    _run(_triton().library_input, (tokens,), x, x if norm_weight is None else norm_weight, inputs, eps, tokens, k,
+         NORM=norm_weight is not None, XD=head_major, BLOCK=_pow2(k), PDL=pdl, num_warps=_row_warps(k),
+         launch_pdl=pdl)
+    return inputs
 
 
 def _row_warps(k: int) -> int:

@@ -2,7 +2,8 @@
 # 1.13-1.25 (bench_engine-session23.json), though they read half the bytes. The engine bench with the int8
 # tensor-core operand made two ways (exact_float's integer trick, the default; a plain conversion); then, with the
 # faster, the tuner for the 1B's 2-16-token int8 tiles at 9 tokens (kept only if the whole forward gets faster) and
-# the bench again with what it kept.
+# the bench again with what it kept. (SPARK_SPEC_INT8_OPERAND was the experiment's switch; once measured, the
+# conversion became the code and the switch went.)
 source "$(dirname "$0")/env.sh"
 mkdir -p results
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $GPU"
