@@ -1054,6 +1054,22 @@ def test_step_profile_names_each_kernel_by_product_and_counts_its_bytes(monkeypa
     forward = ["elementwise", "indexSelect", *["qkv_rope", "attention_partial", "gemv", "gemv", "gemv"] * 2, "gemv"]
     one = ["other", "other", *["qkv", "attention", "o", "gate_up", "down"] * 2, "head"]
     assert label(forward * 2, layers=2) == one * 2
+    # Several tokens: our tensor-core kernel with the rotary kernel after q/k/v's; the library's kernel (tinygemm)
+    # with its input kernel before and its epilogue after (the next norm fused into o's and down's epilogues, so only
+    # the first q/k/v and each o gather their input apart).
+    tinygemm = "void at::native::(anonymous namespace)::tinygemm_m16n8k16_chunk_kernel<...>"
+    rows = ["elementwise", "indexSelect", *["gemv_rows", "rope_rows", "attention_partial", "attention_combine",
+                                            "gemv_rows", "gemv_rows", "gemv_rows"] * 2, "gemv_rows"]
+    assert label(rows, layers=2) == ["other", "other", *["qkv", "qkv", "attention", "attention", "o", "gate_up",
+                                                         "down"] * 2, "head"]
+    library = ["elementwise", "library_input", tinygemm, "rope_rows", "attention_partial",
+               "library_input", tinygemm, "library_output", tinygemm, "library_output", tinygemm, "library_output",
+               tinygemm, "rope_rows", "attention_partial",
+               "library_input", tinygemm, "library_output", tinygemm, "library_output", tinygemm, "library_output",
+               tinygemm, "library_output"]
+    assert label(library, layers=2) == ["other", "qkv", "qkv", "qkv", "attention", *["o"] * 3, *["gate_up"] * 2,
+                                        *["down"] * 2, "qkv", "qkv", "attention", *["o"] * 3, *["gate_up"] * 2,
+                                        *["down"] * 2, "head", "head"]
     model = GraphModel(small_model("llama", torch.float32, "cpu"), max_length=64, graphs=False)
     # 2 layers, hidden 128, 4 heads and 2 K/V heads of 32, intermediate 192, vocab 300, fp32
     assert product_bytes(model, 32) == {"qkv": 2 * 256 * 128 * 4, "o": 2 * 128 * 128 * 4, "gate_up": 2 * 384 * 128 * 4,

@@ -1,8 +1,11 @@
 """Where a one-token step's time goes, product by product, in each weight format of the draft: what stands between
-a step and its byte floor (issue 18 asks it of the int4 step).
+a step and its byte floor (issue 18 asks it of the int4 step). With `--tokens N`, the same for a forward of N tokens
+(a verify, a tree's frontier, a draft's catch-up).
 
     PYTHONPATH=. python benchmarks/h200/step_profile.py --pair llama-random --device cuda \
         --quants none,int8,int4 --json results/step_profile.json
+    PYTHONPATH=. python benchmarks/h200/step_profile.py --pair llama-random --device cuda --roles draft \
+        --quants none,int8 --tokens 8 --json results/step_profile-8.json
 
 For each model (the target in its own dtype, the draft in each of `--quants`) over a `--context`-token cache:
 
@@ -81,28 +84,36 @@ def product_bytes(graph: GraphModel, context: int) -> dict[str, int]:
 
 
 def label(names: list[str], layers: int) -> list[str]:
-    """Each kernel of consecutive forwards (in launch order) by product: the gemv kernels come three a layer (o,
-    gate/up, down) and then the head."""
-    out, gemvs = [], 0
+    """Each kernel of consecutive forwards (in launch order) by product. Each product has one kernel that reads its
+    weights, four a layer (q/k/v, o, gate/up, down) and then the head's: ours (`qkv_rope`, `gemv`, `gemv_few`,
+    `gemv_rows`) or PyTorch's int4 kernel (tinygemm). The library's input kernel goes with the product after it,
+    its epilogue and the rotary kernel of a forward of several tokens with the product before it."""
+    out, products, after = [], 0, None
     for name in names:
-        if "qkv_rope" in name:
-            out.append("qkv")
-        elif "attention" in name:
+        lower = name.lower()
+        if "attention" in lower:
             out.append("attention")
-        elif name.startswith("gemv"):
-            i = gemvs % (3 * layers + 1)
-            out.append("head" if i == 3 * layers else ("o", "gate_up", "down")[i % 3])
-            gemvs += 1
+            after = None
+        elif name.startswith(("qkv_rope", "gemv")) or "tinygemm" in lower or "int4pack" in lower:
+            i = products % (4 * layers + 1)
+            after = "head" if i == 4 * layers else ("qkv", "o", "gate_up", "down")[i % 4]
+            out.append(after)
+            products += 1
+        elif name.startswith("library_input"):
+            i = products % (4 * layers + 1)
+            out.append("head" if i == 4 * layers else ("qkv", "o", "gate_up", "down")[i % 4])
+        elif name.startswith(("library_output", "rope_rows")) and after:
+            out.append(after)
         else:
             out.append("other")
     return out
 
 
-def own_kernels(graph: GraphModel, reps: int) -> list[dict]:
-    """The one-token step's kernels, no graph, no PDL, in launch order: one forward's worth (the median over
-    `reps` forwards of each kernel's time), with its grid, block and what the profiler says of it."""
-    ids = torch.tensor([1], device=graph.device)
-    span = graph._span(graph.length + 1)
+def own_kernels(graph: GraphModel, reps: int, tokens: int = 1) -> list[dict]:
+    """The kernels of a forward of `tokens` tokens, no graph, no PDL, in launch order: one forward's worth (the
+    median over `reps` forwards of each kernel's time), with its grid, block and what the profiler says of it."""
+    ids = torch.arange(1, tokens + 1, device=graph.device)
+    span = graph._span(graph.length + tokens)
     pdl, graph.pdl = graph.pdl, False
 
     def step():
@@ -160,11 +171,11 @@ def floor_ms(kernels: list[dict], device, replays: int = 50) -> float:
     return statistics.median(times)
 
 
-def profile_model(model, vocab, name, quant, context, reps, rate) -> dict:
+def profile_model(model, vocab, name, quant, context, reps, rate, tokens: int = 1) -> dict:
     graph = GraphModel(model, vocab, name, max_length=context + 64, quant=quant)
     ctx = torch.randint(0, graph.vocab, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     graph.forward(ctx, keep=1)
-    kernels = own_kernels(graph, reps)
+    kernels = own_kernels(graph, reps, tokens)
     layers = len(graph.layers)
     per = collections.defaultdict(lambda: {"kernels": 0, "own_us": 0.0, "registers": set(), "occupancy": []})
     for k, product in zip(kernels, label([k["name"] for k in kernels], layers), strict=True):
@@ -186,10 +197,11 @@ def profile_model(model, vocab, name, quant, context, reps, rate) -> dict:
                          "byte_floor_us": round(size / rate * 1e6, 2),
                          "registers": sorted(p["registers"]),
                          "occupancy_pct": round(statistics.mean(p["occupancy"]), 1) if p["occupancy"] else None}
-    step = step_ms(graph, torch.tensor(ctx, device=graph.device), 1, 50, graph.vocab)
+    step = step_ms(graph, torch.tensor(ctx, device=graph.device), tokens, 50, graph.vocab)
     floor = floor_ms(kernels, graph.device)
     total_bytes = sum(sizes.values())
-    out = {"model": name, "quant": quant, "layers": layers, "context": context, "step_ms": round(step, 4),
+    out = {"model": name, "quant": quant, "layers": layers, "context": context, "tokens": tokens,
+           "step_ms": round(step, 4),
            "own_sum_ms": round(sum(k["us"] for k in kernels) / 1e3, 4), "kernels": len(kernels),
            "launch_floor_ms": round(floor, 4), "bytes": total_bytes,
            "byte_floor_ms": round(total_bytes / rate * 1e3, 4), "products": rows, "launches": kernels}
@@ -205,6 +217,7 @@ def main() -> None:
     parser.add_argument("--quants", default="none,int8,int4", help="the draft's weight formats (the target: none)")
     parser.add_argument("--roles", default="draft,target")
     parser.add_argument("--reps", type=int, default=5, help="profiled forwards (each kernel's median is kept)")
+    parser.add_argument("--tokens", type=int, default=1, help="tokens a forward (default 1: the decode step)")
     parser.add_argument("--json", default="results/step_profile.json")
     args = parser.parse_args()
     args.backend, args.draft_quant = "eager", "none"  # the wrappers' own models; the formats are packed here
@@ -215,9 +228,10 @@ def main() -> None:
     for role in args.roles.split(","):
         m = getattr(pair, role)
         for quant in args.quants.split(",") if role == "draft" else ["none"]:
-            r = profile_model(m.model, m.vocab, role, quant, args.context, args.reps, rate)
+            r = profile_model(m.model, m.vocab, role, quant, args.context, args.reps, rate, args.tokens)
             runs.append(r)
-            print(f"\n{role} {quant}: step {r['step_ms']:.3f} ms (graph, PDL); kernels alone {r['own_sum_ms']:.3f} "
+            print(f"\n{role} {quant}, {args.tokens} token(s): forward {r['step_ms']:.3f} ms (graph, PDL); kernels "
+                  f"alone {r['own_sum_ms']:.3f} "
                   f"ms ({r['kernels']}); launch floor {r['launch_floor_ms']:.3f} ms; byte floor "
                   f"{r['byte_floor_ms']:.3f} ms ({r['bytes'] / 1e9:.3f} GB)")
             print(table([{"product": p, **v, "MB": v["bytes"] / 1e6, "registers": str(v["registers"])}
