@@ -727,10 +727,10 @@ def library_gemv(x, weight: PackedWeight, out, epilogue: int, norm_weight=None, 
         block, warps = _pow2(n), _row_warps(n)
     else:
         block, warps = 1024, 4
-    next_weight, next_eps = norm_next or (out, 0.0)
-    _run(_triton().library_output, (-(-n // block), tokens), y, out, next_weight, out if normed is None else normed,
-         next_eps, n, y.shape[1], EPILOGUE=epilogue, BLOCK=block, NORM_NEXT=normed is not None, PDL=pdl,
-         num_warps=warps, launch_pdl=pdl)
+    next_norm_weight, next_eps = norm_next or (out, 0.0)  # (not read without NORM_NEXT)
+    _run(_triton().library_output, (-(-n // block), tokens), y, out, next_norm_weight,
+         out if normed is None else normed, next_eps, n, y.shape[1], EPILOGUE=epilogue, BLOCK=block,
+         NORM_NEXT=normed is not None, PDL=pdl, num_warps=warps, launch_pdl=pdl)
     return normed
 
 
