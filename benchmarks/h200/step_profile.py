@@ -88,6 +88,10 @@ def label(names: list[str], layers: int) -> list[str]:
     weights, four a layer (q/k/v, o, gate/up, down) and then the head's: ours (`qkv_rope`, `gemv`, `gemv_few`,
     `gemv_rows`) or PyTorch's int4 kernel (tinygemm). The library's input kernel goes with the product after it,
     its epilogue and the rotary kernel of a forward of several tokens with the product before it."""
+    def product(i: int) -> str:  # the i-th product of consecutive forwards
+        i %= 4 * layers + 1
+        return "head" if i == 4 * layers else ("qkv", "o", "gate_up", "down")[i % 4]
+
     out, products, after = [], 0, None
     for name in names:
         lower = name.lower()
@@ -95,13 +99,11 @@ def label(names: list[str], layers: int) -> list[str]:
             out.append("attention")
             after = None
         elif name.startswith(("qkv_rope", "gemv")) or "tinygemm" in lower or "int4pack" in lower:
-            i = products % (4 * layers + 1)
-            after = "head" if i == 4 * layers else ("qkv", "o", "gate_up", "down")[i % 4]
+            after = product(products)
             out.append(after)
             products += 1
         elif name.startswith("library_input"):
-            i = products % (4 * layers + 1)
-            out.append("head" if i == 4 * layers else ("qkv", "o", "gate_up", "down")[i % 4])
+            out.append(product(products))
         elif name.startswith(("library_output", "rope_rows")) and after:
             out.append(after)
         else:
