@@ -86,8 +86,9 @@ def product_bytes(graph: GraphModel, context: int) -> dict[str, int]:
 def label(names: list[str], layers: int) -> list[str]:
     """Each kernel of consecutive forwards (in launch order) by product. Each product has one kernel that reads its
     weights, four a layer (q/k/v, o, gate/up, down) and then the head's: ours (`qkv_rope`, `gemv`, `gemv_few`,
-    `gemv_rows`) or PyTorch's int4 kernel (tinygemm). The library's input kernel goes with the product after it,
-    its epilogue and the rotary kernel of a forward of several tokens with the product before it."""
+    `gemv_rows`), PyTorch's int4 kernel (tinygemm) or cuBLAS's (`kernels.LIBRARY_PLAIN`; its split-K reduction
+    goes with it). The library's input kernel goes with the product after it, its epilogue and the rotary kernel of
+    a forward of several tokens with the product before it."""
     def product(i: int) -> str:  # the i-th product of consecutive forwards
         i %= 4 * layers + 1
         return "head" if i == 4 * layers else ("qkv", "o", "gate_up", "down")[i % 4]
@@ -98,7 +99,10 @@ def label(names: list[str], layers: int) -> list[str]:
         if "attention" in lower:
             out.append("attention")
             after = None
-        elif name.startswith(("qkv_rope", "gemv")) or "tinygemm" in lower or "int4pack" in lower:
+        elif "splitk" in lower and after:  # cuBLAS's reduction of a split product
+            out.append(after)
+        elif (name.startswith(("qkv_rope", "gemv")) or "tinygemm" in lower or "int4pack" in lower
+              or "gemm" in lower or "nvjet" in lower):
             after = product(products)
             out.append(after)
             products += 1
