@@ -123,7 +123,9 @@ def products(model: GraphModel, tokens: int = 1) -> dict[str, dict]:
     config), the bytes one product reads, its shape key, and a cuBLAS runner for the same weights. Always our
     kernels' products: int4 weights are passed without PyTorch's layout, so that a product of
     kernels.LIBRARY_TOKENS tokens or more runs the tile it is given, not tinygemm (a forward still takes tinygemm
-    there: those tiles serve only where it does not, in fp32 or with SPARK_SPEC_LIBRARY_TOKENS=0)."""
+    there: those tiles serve only where it does not, in fp32 or with SPARK_SPEC_LIBRARY_TOKENS=0). So are the model's
+    own weights at kernels.LIBRARY_PLAIN's token counts (`tune` times them with cuBLAS off; a forward of 33-64 tokens
+    takes cuBLAS, so the keep check finds nothing to keep there unless SPARK_SPEC_LIBRARY_PLAIN=0)."""
     dev, dtype = model.device, model.cos.dtype
     hidden = model.model.config.get_text_config().hidden_size
     layers = model.layers
@@ -185,6 +187,11 @@ def products(model: GraphModel, tokens: int = 1) -> dict[str, dict]:
 
 def tune(model: GraphModel, bandwidth: float, role: str, tokens: int = 1,
          only: tuple[str, ...] = ("qkv", "o", "gate_up", "down", "head")) -> list[dict]:
+    with kernels.plain_library(None):  # our tiles at every width, though a forward may take cuBLAS there
+        return _tune(model, bandwidth, role, tokens, only)
+
+
+def _tune(model: GraphModel, bandwidth: float, role: str, tokens: int, only: tuple[str, ...]) -> list[dict]:
     rows = []
     for name, p in products(model, tokens).items():
         if name not in only:

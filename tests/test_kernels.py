@@ -593,20 +593,86 @@ def test_library_products_fused_between_them_change_no_bit_on_a_gpu():
     check_library_fusion("cuda")
 
 
+def check_plain_library(device: str) -> None:
+    """Products of several tokens over the model's own weights through cuBLAS (`kernels.LIBRARY_PLAIN`: torch.mm
+    between our input and epilogue kernels, `library_gemv`) against the same forwards through our tiles, fp32, Llama
+    and Qwen2 (q/k/v biases: added after the library's product): a prompt in 16-token chunks, chains of 3 / 9 / 16
+    tokens and a 40-node tree (the rule's range, 33-64) over it, then every 2-64-token product through cuBLAS. The
+    logits and the caches they leave agree within fp32 rounding (a K-term sum in another order moves a logit of
+    size ~8 by ~K 2^-24 8 per layer: 1e-4 is ten times that); a product routed wrongly (a weight's rows or the
+    gate/up halves mixed up, the head-major input read token-major) moves them by O(1)."""
+    import copy
+
+    from spec import tree
+    from spec.models import kernels
+
+    parents = tuple(-1 if i < 4 else (i - 4) // 3 for i in range(40))  # 4 roots, 3 children each, 40 nodes
+    before = kernels.LIBRARY_PLAIN
+    try:
+        for arch in ("llama", "qwen2"):
+            model = small_model(arch, torch.float32, device, 256)
+            prompt = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(5)).to(device)
+            runs = {}
+            for rule in (None, (33, 64), (2, 64)):
+                kernels.LIBRARY_PLAIN = rule
+                graphed = GraphModel(copy.deepcopy(model), max_length=2 * SPAN_STEP, graphs=device == "cuda",
+                                     split_attention=True, fused_step=True, fused_tokens=16)
+                logits = [graphed.forward(prompt)]
+                for n in (3, 9, 16):
+                    logits.append(graphed.forward(prompt[:n]))
+                    graphed.rollback(len(prompt))
+                layout = tree.layout(parents, 0, len(parents), len(prompt), device)
+                logits.append(graphed.forward(prompt[: len(parents)], tree=layout))
+                runs[rule] = logits, graphed.k_cache[1][:, : graphed.length].clone()
+            for rule in ((33, 64), (2, 64)):
+                for a, b in zip(runs[None][0], runs[rule][0], strict=True):
+                    assert (a - b).abs().max() < 1e-4, (arch, rule, float((a - b).abs().max()))
+                assert (runs[None][1] - runs[rule][1]).abs().max() < 1e-4, arch
+    finally:
+        kernels.LIBRARY_PLAIN = before
+
+
+INTERPRETED_PLAIN_LIBRARY = """
+import sys
+sys.path.insert(0, "tests")
+from test_kernels import check_plain_library
+check_plain_library("cpu")
+print("ok")
+"""
+
+
+def test_plain_products_through_cublas_in_tritons_interpreter():
+    """`check_plain_library` in Triton's interpreter, PyTorch's CPU product in cuBLAS's place."""
+    run_interpreted(INTERPRETED_PLAIN_LIBRARY)
+
+
+@cuda
+def test_plain_products_through_cublas_on_a_gpu():
+    """`check_plain_library` on the GPU, through cuBLAS, graphed."""
+    from spec.models import kernels
+
+    if not kernels.available():
+        pytest.skip("needs Triton")
+    check_plain_library("cuda")
+
+
 INTERPRETED_SPLIT_PRODUCTS = """
 import torch
 from spec.models import kernels
 from spec.models.quant import pack_for_kernels
 g = torch.Generator().manual_seed(3)
+kernels.LIBRARY_PLAIN = None  # our tiles at every width (64 tokens would take cuBLAS)
 input_splits = kernels.input_splits
 splits = lambda device: max(seen, default=1)
 seen = []
 kernels.input_splits = lambda *args: seen.append(input_splits(*args)) or seen[-1]
-# (a bf16 product of <= 16 tokens is not split: `input_splits`)
-cases = ((kernels.ADD, "none", 17, False, 4), (kernels.ADD, "none", 9, False, 1),
-         (kernels.SILU_MUL, "int4", 33, True, 4),
-         (kernels.RAW, "int8", 5, True, 4), (kernels.LOGITS, "none", 64, True, 4))
-for epilogue, scheme, tokens, norm, split in cases:
+# (a bf16 product of <= 16 tokens is split only as kernels.SPLIT_PLAIN says: `split_eligible`)
+cases = ((kernels.ADD, "none", 17, False, 4, "none"), (kernels.ADD, "none", 9, False, 1, "none"),
+         (kernels.ADD, "none", 9, True, 4, "small"), (kernels.SILU_MUL, "none", 5, True, 4, "all"),
+         (kernels.SILU_MUL, "int4", 33, True, 4, "none"),
+         (kernels.RAW, "int8", 5, True, 4, "none"), (kernels.LOGITS, "none", 64, True, 4, "none"))
+for epilogue, scheme, tokens, norm, split, plain_rule in cases:
+    kernels.SPLIT_PLAIN = plain_rule
     rows = 64 * (2 if epilogue == kernels.SILU_MUL else 1)
     weight = torch.randn(rows, 1024, generator=g) / 32
     packed = weight if scheme == "none" else pack_for_kernels(weight, scheme)
@@ -997,6 +1063,36 @@ def test_input_splits_fill_the_multiprocessors_and_keep_a_tile_each(monkeypatch)
     assert kernels.input_splits(32, 5, cuda) == 3  # 4 wanted (32 blocks); 5 tiles as 2 + 2 + 1, not 2 + 2 + 1 + 0
     monkeypatch.setenv("SPARK_SPEC_SPLIT_INPUTS", "0")
     assert kernels.input_splits(64, 32, cuda) == 1
+
+
+def test_which_products_take_a_library_or_split(monkeypatch):
+    """The rules that send a product of several tokens elsewhere: int4 weights with PyTorch's layout to tinygemm from
+    LIBRARY_TOKENS tokens; the model's own weights to cuBLAS at LIBRARY_PLAIN's token counts (33-64 by default: a
+    tree's verify of more than 32 nodes), read from "lo-hi" or "0"; and which 2-16-token products over the model's
+    own weights may split their inputs (SPLIT_PLAIN "small": at most half as many row blocks as multiprocessors)."""
+    from spec.models import kernels
+    from spec.models.quant import pack_for_kernels
+
+    weight = torch.zeros(64, 256)
+    assert kernels.token_range(None, (33, 64)) == (33, 64) and kernels.token_range("0", (33, 64)) is None
+    assert kernels.token_range("2-16", None) == (2, 16) and kernels.token_range("9", None) == (9, 9)
+    monkeypatch.setattr(kernels, "LIBRARY_PLAIN", kernels.token_range(None, (33, kernels.MAX_KERNEL_TOKENS)))
+    assert [kernels.library_product(weight, t) for t in (1, 16, 32, 33, 64)] == [False] * 3 + [True] * 2
+    with kernels.plain_library(None):
+        assert not kernels.library_product(weight, 64)
+    assert kernels.library_product(weight, 64)  # restored
+    packed = pack_for_kernels(weight, "int8")  # no library layout: ours at every width
+    assert not kernels.library_product(packed, 64)
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(kernels, "_multiprocessors", lambda device: 132)
+    monkeypatch.setattr(kernels, "SPLIT_PLAIN", "small")
+    assert [kernels.split_eligible(16, "none", blocks, cuda) for blocks in (32, 64, 66, 67, 96)] == [True] * 3 + [
+        False] * 2
+    assert kernels.split_eligible(16, "int8", 2000, cuda) and kernels.split_eligible(32, "none", 2000, cuda)
+    monkeypatch.setattr(kernels, "SPLIT_PLAIN", "none")
+    assert not kernels.split_eligible(16, "none", 32, cuda) and kernels.split_eligible(16, "int4", 32, cuda)
+    monkeypatch.setattr(kernels, "SPLIT_PLAIN", "all")
+    assert kernels.split_eligible(16, "none", 96, cuda)
 
 
 @cuda

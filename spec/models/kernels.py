@@ -286,9 +286,44 @@ LIBRARY_TOKENS = max(2, int(os.environ.get("SPARK_SPEC_LIBRARY_TOKENS") or 3) or
 LIBRARY_FUSED = os.environ.get("SPARK_SPEC_LIBRARY_FUSED") != "0"
 
 
+def token_range(text: str | None, default: tuple[int, int] | None) -> tuple[int, int] | None:
+    """An environment setting's token counts: "lo-hi" as (lo, hi), "0" as None (never), unset as `default`."""
+    if not text:
+        return default
+    if text == "0":
+        return None
+    lo, _, hi = text.partition("-")
+    return int(lo), int(hi or lo)
+
+
+# Products of 33-64 tokens (a token tree's verify of more than 32 nodes) over the model's own weights run cuBLAS, with
+# our input and epilogue kernels around it (`library_gemv`, torch.mm in tinygemm's place). On an H100 the 8B's
+# 64-node verify took 1.343 one-token steps against 1.460 with our 64-token tiles; at 2-32 tokens cuBLAS lost (32
+# nodes 1.248 against 1.216, 16 tokens 1.200 against 1.125): the input gather, the epilogue and, between two
+# library products, none of the launches the tiles fold in cost more than it saved (session 24,
+# benchmarks/h100/session24/). LIBRARY_PLAIN = (lo, hi) tokens, or None; SPARK_SPEC_LIBRARY_PLAIN ("lo-hi", "0":
+# never), read when this module is imported, moves it.
+LIBRARY_PLAIN = token_range(os.environ.get("SPARK_SPEC_LIBRARY_PLAIN"), (33, MAX_KERNEL_TOKENS))
+
+
+@contextlib.contextmanager
+def plain_library(tokens: tuple[int, int] | None):
+    """Inside the block, products over the model's own weights run cuBLAS for `tokens` = (lo, hi) tokens (None:
+    never): how the tuner times our tiles at every width. Launches only: a captured graph keeps what it ran."""
+    global LIBRARY_PLAIN
+    saved, LIBRARY_PLAIN = LIBRARY_PLAIN, tokens
+    try:
+        yield
+    finally:
+        LIBRARY_PLAIN = saved
+
+
 def library_product(weight: torch.Tensor | PackedWeight, tokens: int) -> bool:
-    """Whether a product of `tokens` tokens over `weight` runs PyTorch's int4 kernel (`library_gemv`)."""
-    return isinstance(weight, PackedWeight) and weight.library is not None and tokens >= LIBRARY_TOKENS
+    """Whether a product of `tokens` tokens over `weight` runs a library's kernel (`library_gemv`): PyTorch's int4
+    kernel for int4 weights that carry its layout, cuBLAS for the model's own weights where LIBRARY_PLAIN says."""
+    if isinstance(weight, PackedWeight):
+        return weight.library is not None and tokens >= LIBRARY_TOKENS
+    return LIBRARY_PLAIN is not None and LIBRARY_PLAIN[0] <= tokens <= LIBRARY_PLAIN[1]
 
 
 # Tuned (rows per program, columns per iteration, warps) per GPU and product, keyed (kind, N, K) with kind one of
@@ -630,7 +665,8 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     `norm_weight`, x is RMS-normalised first. `head_major` = D reads x as [K // D, M, D] (the attention's output)
     instead of [M, K]. M <= MAX_KERNEL_TOKENS: one token in `gemv`, 2-MAX_FEW_TOKENS over packed weights in
     `gemv_few`, the rest in the tensor-core `gemv_rows`; from LIBRARY_TOKENS tokens on, int4 weights that carry
-    PyTorch's layout in its int4 kernel (`library_gemv`).
+    PyTorch's layout in its int4 kernel, and the model's own weights at LIBRARY_PLAIN's token counts in cuBLAS
+    (`library_gemv`).
 
     Between library products (LIBRARY_FUSED): `norm_next` = (norm weight, eps, the next product's weight) on an ADD
     asks for the next product's input, RMSNorm(out) [M, N], made by this epilogue; it is returned when both
@@ -666,7 +702,7 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
         constexprs.update(BN=config[0], BLOCK_K=block_k)
         blocks = -(-n // config[0])
         tiles = -(-k // block_k)
-        split = mp > MAX_FUSED_TOKENS or _scheme(weight) in ("int8", "int4")  # where it measured faster
+        split = split_eligible(mp, _scheme(weight), blocks, x.device)
         splits = input_splits(blocks, tiles, x.device) if split else 1
         span = -(-tiles // splits) * block_k  # inputs a split: whole tiles
         if splits > 1:
@@ -681,10 +717,13 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
 
 def library_mm(x, weight: PackedWeight, norm_weight=None, eps: float = 0.0, head_major: int = 0,
                pdl: bool = False) -> torch.Tensor:
-    """The product of M >= 2 tokens x [M, K] through PyTorch's int4 kernel over `weight.library`: [M, rows] in
-    x's dtype (rows padded to INT4_ROWS), its inputs made by `library_inputs`."""
-    codes, scales_and_zeros = weight.library
+    """The product of M >= 2 tokens x [M, K] through PyTorch's int4 kernel over `weight.library` (rows padded to
+    INT4_ROWS), or cuBLAS over the model's own weights: [M, rows] in x's dtype, its inputs made by
+    `library_inputs`."""
     inputs = library_inputs(x, weight.shape[1], norm_weight, eps, head_major, pdl)
+    if not isinstance(weight, PackedWeight):
+        return torch.mm(inputs, weight.t())
+    codes, scales_and_zeros = weight.library
     return int4_library_mm(inputs, codes, weight.group, scales_and_zeros)
 
 
@@ -710,10 +749,11 @@ def _row_warps(k: int) -> int:
 
 def library_gemv(x, weight: PackedWeight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
                  head_major: int = 0, pdl: bool = False, norm_next: tuple | None = None) -> torch.Tensor | None:
-    """`gemv` of M >= 2 tokens through PyTorch's int4 kernel (`library_mm`), then `gemv`'s epilogue into `out` by
-    `library_output`. The product's sums are rounded to x's dtype before the epilogue (RAW's too), and the weights
-    are de-quantised by the library (in bf16 on CUDA): not bit for bit the fused kernels' numbers, so an int4
-    target's verify and its one-token step round apart by more (bf16 near-ties, docs/quantization.md). With
+    """`gemv` of M >= 2 tokens through a library's kernel (`library_mm`: PyTorch's int4 kernel, or cuBLAS over the
+    model's own weights), then `gemv`'s epilogue into `out` by `library_output`. The product's sums are rounded to
+    x's dtype before the epilogue (RAW's too; and a bias is added after that rounding, not before), and int4 weights
+    are de-quantised by the library (in bf16 on CUDA): not bit for bit the fused kernels' numbers, so a verify
+    through the library and the one-token step round apart by more (bf16 near-ties, docs/quantization.md). With
     `norm_next` = (norm weight, eps), an ADD also returns the next product's input: the new out, RMS-normed and
     rounded as `library_input` would make it."""
     tokens = x.numel() // weight.shape[1]
@@ -737,6 +777,24 @@ def library_gemv(x, weight: PackedWeight, out, epilogue: int, norm_weight=None, 
 @functools.cache
 def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+
+
+# Which 2-16-token products over the model's own weights split their inputs: "small" ones, with at most half as many
+# row blocks as the GPU has multiprocessors (every product of the 1B but its head: 48-64 blocks on an H100's 132;
+# of the 8B only o, 64 blocks), "all" (as `input_splits` decides) or "none". On an H100 (session 24,
+# benchmarks/h100/session24/) "small" took the 1B's frontier of 8 nodes from 1.248 to 1.222 draft steps (its
+# 2 / 8 / 16-token forwards 1.230 / 1.283 / 1.368 -> 1.191 / 1.261 / 1.329 ms) and changed none of the 8B's
+# forwards by more than 0.3 %; "all" also split the 8B's q/k/v (96 blocks, 4 ways) and lost 3 % of its 2-16-token
+# verifies (the round trip session 17 saw). SPARK_SPEC_SPLIT_PLAIN, read when this module is imported, picks another.
+SPLIT_PLAIN = os.environ.get("SPARK_SPEC_SPLIT_PLAIN", "small")
+
+
+def split_eligible(tile_tokens: int, scheme: str, blocks: int, device: torch.device) -> bool:
+    """Whether a 2-64-token product may split its inputs (`input_splits` says how many ways): tiles wider than 16
+    tokens and int8 / int4 weights, where it measured faster; the model's own weights as SPLIT_PLAIN says."""
+    if tile_tokens > MAX_FUSED_TOKENS or scheme in ("int8", "int4") or SPLIT_PLAIN == "all":
+        return True
+    return SPLIT_PLAIN == "small" and 2 * blocks <= _multiprocessors(device)
 
 
 def input_splits(blocks: int, tiles: int, device: torch.device) -> int:
