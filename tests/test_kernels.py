@@ -596,40 +596,57 @@ def test_library_products_fused_between_them_change_no_bit_on_a_gpu():
 def check_plain_library(device: str) -> None:
     """Products of several tokens over the model's own weights through cuBLAS (`kernels.LIBRARY_PLAIN`: torch.mm
     between our input and epilogue kernels, `library_gemv`) against the same forwards through our tiles, fp32, Llama
-    and Qwen2 (q/k/v biases: added after the library's product): a prompt in 16-token chunks, chains of 3 / 9 / 16
-    tokens and a 40-node tree (the rule's range, 33-64) over it, then every 2-64-token product through cuBLAS. The
-    logits and the caches they leave agree within fp32 rounding (a K-term sum in another order moves a logit of
-    size ~8 by ~K 2^-24 8 per layer: 1e-4 is ten times that); a product routed wrongly (a weight's rows or the
-    gate/up halves mixed up, the head-major input read token-major) moves them by O(1)."""
+    and Qwen2 (q/k/v biases: added after the library's product), every norm with weights of its own: a prompt in
+    16-token chunks and chains of 3 / 9 / 16 tokens after it, then a 40-node tree in one forward of the 2-64-token
+    kernels (a model with fused_tokens=1, whose prompt runs the layer stack: the tree is not cut into chunks, graphed
+    or not). The rule's range (33-64) sends only the tree's products to cuBLAS, 2-64 every forward's but the
+    one-token ones; the library is counted to have run (and not at all without the rule). The logits and the caches
+    agree within 1e-4: the fp32 sums in another order moved them by 4e-6 in Triton's interpreter, where a product
+    routed wrongly (rows or gate/up halves mixed up, the head-major input read token-major, a norm lost) moves them
+    by O(1)."""
     import copy
 
     from spec import tree
     from spec.models import kernels
 
     parents = tuple(-1 if i < 4 else (i - 4) // 3 for i in range(40))  # 4 roots, 3 children each, 40 nodes
-    before = kernels.LIBRARY_PLAIN
+    before, library_mm = kernels.LIBRARY_PLAIN, kernels.library_mm
+    calls = []
+    kernels.library_mm = lambda *args, **kwargs: calls.append(args[0].shape) or library_mm(*args, **kwargs)
     try:
         for arch in ("llama", "qwen2"):
             model = small_model(arch, torch.float32, device, 256)
+            gen = torch.Generator().manual_seed(2)
+            with torch.no_grad():
+                for module in model.modules():
+                    if type(module).__name__.endswith("RMSNorm"):
+                        module.weight.copy_(torch.rand(module.weight.shape, generator=gen) + 0.5)
             prompt = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(5)).to(device)
-            runs = {}
+            runs, counts = {}, {}
             for rule in (None, (33, 64), (2, 64)):
                 kernels.LIBRARY_PLAIN = rule
-                graphed = GraphModel(copy.deepcopy(model), max_length=2 * SPAN_STEP, graphs=device == "cuda",
+                calls.clear()
+                chained = GraphModel(copy.deepcopy(model), max_length=2 * SPAN_STEP, graphs=device == "cuda",
                                      split_attention=True, fused_step=True, fused_tokens=16)
-                logits = [graphed.forward(prompt)]
+                logits = [chained.forward(prompt)]
                 for n in (3, 9, 16):
-                    logits.append(graphed.forward(prompt[:n]))
-                    graphed.rollback(len(prompt))
+                    logits.append(chained.forward(prompt[:n]))
+                    chained.rollback(len(prompt))
+                one_pass = GraphModel(copy.deepcopy(model), max_length=2 * SPAN_STEP, graphs=device == "cuda",
+                                      compile=False, split_attention=True, fused_step=True, fused_tokens=1)
+                one_pass.forward(prompt)
                 layout = tree.layout(parents, 0, len(parents), len(prompt), device)
-                logits.append(graphed.forward(prompt[: len(parents)], tree=layout))
-                runs[rule] = logits, graphed.k_cache[1][:, : graphed.length].clone()
+                logits.append(one_pass.forward(prompt[: len(parents)], tree=layout))
+                counts[rule] = len(calls)
+                runs[rule] = logits, chained.k_cache[1][:, : chained.length].clone(), one_pass.k_cache[1].clone()
+            assert counts[None] == 0 and 0 < counts[(33, 64)] < counts[(2, 64)], counts
             for rule in ((33, 64), (2, 64)):
                 for a, b in zip(runs[None][0], runs[rule][0], strict=True):
                     assert (a - b).abs().max() < 1e-4, (arch, rule, float((a - b).abs().max()))
-                assert (runs[None][1] - runs[rule][1]).abs().max() < 1e-4, arch
+                for a, b in zip(runs[None][1:], runs[rule][1:], strict=True):
+                    assert (a - b).abs().max() < 1e-4, arch
     finally:
-        kernels.LIBRARY_PLAIN = before
+        kernels.LIBRARY_PLAIN, kernels.library_mm = before, library_mm
 
 
 INTERPRETED_PLAIN_LIBRARY = """
@@ -1076,6 +1093,9 @@ def test_which_products_take_a_library_or_split(monkeypatch):
     weight = torch.zeros(64, 256)
     assert kernels.token_range(None, (33, 64)) == (33, 64) and kernels.token_range("0", (33, 64)) is None
     assert kernels.token_range("2-16", None) == (2, 16) and kernels.token_range("9", None) == (9, 9)
+    for bad in ("1-64", "64-33", "33-65", "x", "2-x"):  # one-token products never; no empty or unread range
+        with pytest.raises(ValueError, match="token counts"):
+            kernels.token_range(bad, None)
     monkeypatch.setattr(kernels, "LIBRARY_PLAIN", kernels.token_range(None, (33, kernels.MAX_KERNEL_TOKENS)))
     assert [kernels.library_product(weight, t) for t in (1, 16, 32, 33, 64)] == [False] * 3 + [True] * 2
     with kernels.plain_library(None):
@@ -1089,6 +1109,7 @@ def test_which_products_take_a_library_or_split(monkeypatch):
     assert [kernels.split_eligible(16, "none", blocks, cuda) for blocks in (32, 64, 66, 67, 96)] == [True] * 3 + [
         False] * 2
     assert kernels.split_eligible(16, "int8", 2000, cuda) and kernels.split_eligible(32, "none", 2000, cuda)
+    assert not kernels.split_eligible(16, "fp8", 32, cuda) and kernels.split_eligible(32, "fp8", 32, cuda)
     monkeypatch.setattr(kernels, "SPLIT_PLAIN", "none")
     assert not kernels.split_eligible(16, "none", 32, cuda) and kernels.split_eligible(16, "int4", 32, cuda)
     monkeypatch.setattr(kernels, "SPLIT_PLAIN", "all")

@@ -323,7 +323,9 @@ class GraphModel:
         """The fused forward of n <= kernels.MAX_FUSED_TOKENS tokens (spec/kernels.py): ids [n] -> fp32 logits
         [n, vocab]. Same caches and the same rounding of every intermediate as `_body` + `_head`, except each
         product's RMSNorm input (its scale is applied after the sum); the order of summation inside the products
-        differs. With `tree`, the tokens sit at `tree_positions` under the `tree` mask."""
+        differs, and products that run a library's kernel (`kernels.library_gemv`: int4 weights, and the model's own
+        at kernels.LIBRARY_PLAIN's token counts) round their sums to the model's dtype first. With `tree`, the
+        tokens sit at `tree_positions` under the `tree` mask."""
         n = ids.shape[0]
         cos, sin, mask = self.cos, self.sin, None
         if tree:  # the slots' rows of the rotary tables become the tree positions' rows

@@ -287,17 +287,25 @@ LIBRARY_FUSED = os.environ.get("SPARK_SPEC_LIBRARY_FUSED") != "0"
 
 
 def token_range(text: str | None, default: tuple[int, int] | None) -> tuple[int, int] | None:
-    """An environment setting's token counts: "lo-hi" as (lo, hi), "0" as None (never), unset as `default`."""
+    """An environment setting's token counts: "lo-hi" as (lo, hi), 2 <= lo <= hi <= MAX_KERNEL_TOKENS ("9": 9-9),
+    "0" as None (never), unset as `default`."""
     if not text:
         return default
     if text == "0":
         return None
     lo, _, hi = text.partition("-")
-    return int(lo), int(hi or lo)
+    try:
+        tokens = int(lo), int(hi or lo)
+    except ValueError:
+        tokens = (0, 0)
+    if not 2 <= tokens[0] <= tokens[1] <= MAX_KERNEL_TOKENS:
+        raise ValueError(f"token counts {text!r}: want lo-hi with 2 <= lo <= hi <= {MAX_KERNEL_TOKENS}, or 0")
+    return tokens
 
 
 # Products of 33-64 tokens (a token tree's verify of more than 32 nodes) over the model's own weights run cuBLAS, with
-# our input and epilogue kernels around it (`library_gemv`, torch.mm in tinygemm's place). On an H100 the 8B's
+# our input and epilogue kernels around it (`library_gemv`, torch.mm in tinygemm's place; its bf16 output is
+# rounded before a q/k/v bias is added, and in fp32 it is full fp32 unless the process allows TF32). On an H100 the 8B's
 # 64-node verify took 1.343 one-token steps against 1.460 with our 64-token tiles; at 2-32 tokens cuBLAS lost (32
 # nodes 1.248 against 1.216, 16 tokens 1.200 against 1.125): the input gather, the epilogue and, between two
 # library products, none of the launches the tiles fold in cost more than it saved (session 24,
@@ -715,7 +723,7 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
 
 
 
-def library_mm(x, weight: PackedWeight, norm_weight=None, eps: float = 0.0, head_major: int = 0,
+def library_mm(x, weight: torch.Tensor | PackedWeight, norm_weight=None, eps: float = 0.0, head_major: int = 0,
                pdl: bool = False) -> torch.Tensor:
     """The product of M >= 2 tokens x [M, K] through PyTorch's int4 kernel over `weight.library` (rows padded to
     INT4_ROWS), or cuBLAS over the model's own weights: [M, rows] in x's dtype, its inputs made by
@@ -747,7 +755,7 @@ def _row_warps(k: int) -> int:
     return 4 if k <= 4096 else 8
 
 
-def library_gemv(x, weight: PackedWeight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
+def library_gemv(x, weight: torch.Tensor | PackedWeight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
                  head_major: int = 0, pdl: bool = False, norm_next: tuple | None = None) -> torch.Tensor | None:
     """`gemv` of M >= 2 tokens through a library's kernel (`library_mm`: PyTorch's int4 kernel, or cuBLAS over the
     model's own weights), then `gemv`'s epilogue into `out` by `library_output`. The product's sums are rounded to
@@ -784,17 +792,25 @@ def _multiprocessors(device: torch.device) -> int:
 # of the 8B only o, 64 blocks), "all" (as `input_splits` decides) or "none". On an H100 (session 24,
 # benchmarks/h100/session24/) "small" took the 1B's frontier of 8 nodes from 1.248 to 1.222 draft steps (its
 # 2 / 8 / 16-token forwards 1.230 / 1.283 / 1.368 -> 1.191 / 1.261 / 1.329 ms) and changed none of the 8B's
-# forwards by more than 0.3 %; "all" also split the 8B's q/k/v (96 blocks, 4 ways) and lost 3 % of its 2-16-token
+# forwards by more than 0.4 %; "all" also split the 8B's q/k/v (96 blocks, 4 ways) and lost 3 % of its 2-16-token
 # verifies (the round trip session 17 saw). SPARK_SPEC_SPLIT_PLAIN, read when this module is imported, picks another.
 SPLIT_PLAIN = os.environ.get("SPARK_SPEC_SPLIT_PLAIN", "small")
 
 
+SPLIT_RULES = ("none", "small", "all")
+if SPLIT_PLAIN not in SPLIT_RULES:
+    raise ValueError(f"SPARK_SPEC_SPLIT_PLAIN={SPLIT_PLAIN!r}: one of {', '.join(SPLIT_RULES)}")
+
+
 def split_eligible(tile_tokens: int, scheme: str, blocks: int, device: torch.device) -> bool:
     """Whether a 2-64-token product may split its inputs (`input_splits` says how many ways): tiles wider than 16
-    tokens and int8 / int4 weights, where it measured faster; the model's own weights as SPLIT_PLAIN says."""
-    if tile_tokens > MAX_FUSED_TOKENS or scheme in ("int8", "int4") or SPLIT_PLAIN == "all":
+    tokens and int8 / int4 weights, where it measured faster; the model's own weights as SPLIT_PLAIN says; fp8's
+    2-16-token products never (not measured)."""
+    if tile_tokens > MAX_FUSED_TOKENS or scheme in ("int8", "int4"):
         return True
-    return SPLIT_PLAIN == "small" and 2 * blocks <= _multiprocessors(device)
+    if scheme != "none":
+        return False
+    return SPLIT_PLAIN == "all" or (SPLIT_PLAIN == "small" and 2 * blocks <= _multiprocessors(device))
 
 
 def input_splits(blocks: int, tiles: int, device: torch.device) -> int:
