@@ -437,6 +437,21 @@ def test_int4_products_over_several_tiles_on_a_gpu():
     check_int4_products("cuda")
 
 
+def interpreted_check(name: str) -> str:
+    """A script for `run_interpreted` that runs this file's check `name` on the CPU, kernels interpreted."""
+    return f'import sys\nsys.path.insert(0, "tests")\nfrom test_kernels import {name}\n{name}("cpu")\nprint("ok")\n'
+
+
+def own_norm_weights(model, seed: int) -> None:
+    """Every RMSNorm of `model` gets weights of its own in [0.5, 1.5) (with all ones, a norm handed to the wrong
+    product would change no bit)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__.endswith("RMSNorm"):
+                module.weight.copy_(torch.rand(module.weight.shape, generator=gen) + 0.5)
+
+
 def check_library_products(device: str) -> None:
     """Products of several tokens over int4 weights through PyTorch's int4 kernel (`kernels.library_gemv`, bf16:
     tinygemm on CUDA, the CPU kernel here) against the weights the codes stand for, in float64: each epilogue,
@@ -500,19 +515,10 @@ def check_library_products(device: str) -> None:
             assert ((normed.double().cpu() - wanted).abs() <= 2 * u * wanted.abs() + 1e-6).all()
 
 
-INTERPRETED_LIBRARY_PRODUCTS = """
-import sys
-sys.path.insert(0, "tests")
-from test_kernels import check_library_products
-check_library_products("cpu")
-print("ok")
-"""
-
-
 def test_int4_library_products_in_tritons_interpreter():
     """Several tokens over int4 weights through PyTorch's int4 kernel, our input and epilogue kernels around it in
     Triton's interpreter: `check_library_products`."""
-    run_interpreted(INTERPRETED_LIBRARY_PRODUCTS)
+    run_interpreted(interpreted_check("check_library_products"))
 
 
 @cuda
@@ -544,11 +550,7 @@ def check_library_fusion(device: str) -> None:
     try:
         for arch, intermediate in (("llama", 256), ("qwen2", 256), ("llama", 192)):
             model = small_model(arch, torch.bfloat16, device, intermediate)
-            gen = torch.Generator().manual_seed(1)
-            with torch.no_grad():
-                for module in model.modules():
-                    if type(module).__name__.endswith("RMSNorm"):
-                        module.weight.copy_(torch.rand(module.weight.shape, generator=gen) + 0.5)
+            own_norm_weights(model, seed=1)
             prompt = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(5)).to(device)
             runs = {}
             for fused in (True, False):
@@ -569,18 +571,9 @@ def check_library_fusion(device: str) -> None:
         spec.models.graph.library_layout_error, kernels.LIBRARY_FUSED = rule, fused_before
 
 
-INTERPRETED_LIBRARY_FUSION = """
-import sys
-sys.path.insert(0, "tests")
-from test_kernels import check_library_fusion
-check_library_fusion("cpu")
-print("ok")
-"""
-
-
 def test_library_products_fused_between_them_change_no_bit_in_tritons_interpreter():
     """`check_library_fusion` in Triton's interpreter, PyTorch's CPU int4 kernel between our kernels."""
-    run_interpreted(INTERPRETED_LIBRARY_FUSION)
+    run_interpreted(interpreted_check("check_library_fusion"))
 
 
 @cuda
@@ -616,11 +609,7 @@ def check_plain_library(device: str) -> None:
     try:
         for arch in ("llama", "qwen2"):
             model = small_model(arch, torch.float32, device, 256)
-            gen = torch.Generator().manual_seed(2)
-            with torch.no_grad():
-                for module in model.modules():
-                    if type(module).__name__.endswith("RMSNorm"):
-                        module.weight.copy_(torch.rand(module.weight.shape, generator=gen) + 0.5)
+            own_norm_weights(model, seed=2)
             prompt = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(5)).to(device)
             runs, counts = {}, {}
             for rule in (None, (33, 64), (2, 64)):
@@ -649,18 +638,9 @@ def check_plain_library(device: str) -> None:
         kernels.LIBRARY_PLAIN, kernels.library_mm = before, library_mm
 
 
-INTERPRETED_PLAIN_LIBRARY = """
-import sys
-sys.path.insert(0, "tests")
-from test_kernels import check_plain_library
-check_plain_library("cpu")
-print("ok")
-"""
-
-
 def test_plain_products_through_cublas_in_tritons_interpreter():
     """`check_plain_library` in Triton's interpreter, PyTorch's CPU product in cuBLAS's place."""
-    run_interpreted(INTERPRETED_PLAIN_LIBRARY)
+    run_interpreted(interpreted_check("check_plain_library"))
 
 
 @cuda
