@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             model = GraphModel(m.model, m.vocab, name=role, max_length=256, quant=quants[role])
             for t in tokens:
-                if quants[role] == "none" and kernels.library_product(m.model.lm_head.weight, t):
+                if quants[role] == "none" and kernels.library_product(model.head_weight, t):
                     log.info(f"{label[role]} x{t}: a forward of {t} tokens runs cuBLAS's products here "
                              "(kernels.LIBRARY_PLAIN), not these tiles: the whole-forward check keeps none "
                              "(SPARK_SPEC_LIBRARY_PLAIN=0 tunes them for forwards without it)")

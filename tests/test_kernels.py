@@ -427,13 +427,18 @@ def test_int4_products_over_several_tiles_in_tritons_interpreter():
     run_interpreted(INTERPRETED_INT4_PRODUCTS)
 
 
-@cuda
-def test_int4_products_over_several_tiles_on_a_gpu():
-    """The same on the GPU, where the codes become floats through the inline PTX LOP3."""
+def skip_without_triton() -> None:
+    """Skips the calling test where Triton (and so the fused kernels) is missing."""
     from spec.models import kernels
 
     if not kernels.available():
         pytest.skip("needs Triton")
+
+
+@cuda
+def test_int4_products_over_several_tiles_on_a_gpu():
+    """The same on the GPU, where the codes become floats through the inline PTX LOP3."""
+    skip_without_triton()
     check_int4_products("cuda")
 
 
@@ -524,10 +529,7 @@ def test_int4_library_products_in_tritons_interpreter():
 @cuda
 def test_int4_library_products_on_a_gpu():
     """The same on the GPU, through tinygemm."""
-    from spec.models import kernels
-
-    if not kernels.available():
-        pytest.skip("needs Triton")
+    skip_without_triton()
     check_library_products("cuda")
 
 
@@ -579,10 +581,7 @@ def test_library_products_fused_between_them_change_no_bit_in_tritons_interprete
 @cuda
 def test_library_products_fused_between_them_change_no_bit_on_a_gpu():
     """`check_library_fusion` on the GPU, through tinygemm, graphed."""
-    from spec.models import kernels
-
-    if not kernels.available():
-        pytest.skip("needs Triton")
+    skip_without_triton()
     check_library_fusion("cuda")
 
 
@@ -646,10 +645,7 @@ def test_plain_products_through_cublas_in_tritons_interpreter():
 @cuda
 def test_plain_products_through_cublas_on_a_gpu():
     """`check_plain_library` on the GPU, through cuBLAS, graphed."""
-    from spec.models import kernels
-
-    if not kernels.available():
-        pytest.skip("needs Triton")
+    skip_without_triton()
     check_plain_library("cuda")
 
 

@@ -795,18 +795,16 @@ def _multiprocessors(device: torch.device) -> int:
 # forwards by more than 0.4 %; "all" also split the 8B's q/k/v (96 blocks, 4 ways) and lost 3 % of its 2-16-token
 # verifies (the round trip session 17 saw). SPARK_SPEC_SPLIT_PLAIN, read when this module is imported, picks another.
 SPLIT_PLAIN = os.environ.get("SPARK_SPEC_SPLIT_PLAIN", "small")
-
-
 SPLIT_RULES = ("none", "small", "all")
 if SPLIT_PLAIN not in SPLIT_RULES:
     raise ValueError(f"SPARK_SPEC_SPLIT_PLAIN={SPLIT_PLAIN!r}: one of {', '.join(SPLIT_RULES)}")
 
 
-def split_eligible(tile_tokens: int, scheme: str, blocks: int, device: torch.device) -> bool:
+def split_eligible(width: int, scheme: str, blocks: int, device: torch.device) -> bool:
     """Whether a 2-64-token product may split its inputs (`input_splits` says how many ways): tiles wider than 16
     tokens and int8 / int4 weights, where it measured faster; the model's own weights as SPLIT_PLAIN says; fp8's
-    2-16-token products never (not measured)."""
-    if tile_tokens > MAX_FUSED_TOKENS or scheme in ("int8", "int4"):
+    2-16-token products never (not measured). `width`: the tile's tokens (`tile_tokens`)."""
+    if width > MAX_FUSED_TOKENS or scheme in ("int8", "int4"):
         return True
     if scheme != "none":
         return False
