@@ -593,9 +593,9 @@ def check_plain_library(device: str) -> None:
     kernels (a model with fused_tokens=1, whose prompt runs the layer stack: the tree is not cut into chunks, graphed
     or not). The rule's range (33-64) sends only the tree's products to cuBLAS, 2-64 every forward's but the
     one-token ones; the library is counted to have run (and not at all without the rule). The logits and the caches
-    agree within 1e-4: the fp32 sums in another order moved them by 4e-6 in Triton's interpreter, where a product
-    routed wrongly (rows or gate/up halves mixed up, the head-major input read token-major, a norm lost) moves them
-    by O(1)."""
+    agree within 1e-4: fp32 sums of at most 256 terms in another order (u = 2^-24) moved them by 4e-6 in an ad-hoc
+    run in Triton's interpreter, while a product routed wrongly (rows or gate/up halves mixed up, the head-major input
+    read token-major, a norm lost) moves them by O(1) (10.8 with one weight's rows rolled)."""
     import copy
 
     from spec import tree
