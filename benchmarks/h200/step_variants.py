@@ -8,7 +8,11 @@ fused kernels with the launches between int4 library products not fused (`kernel
 product norms its own input, the q/k/v product's output is copied to fp32 first); "split<rule>" runs the fused
 kernels with 2-16-token products over the model's own weights split over their inputs by that rule
 (`kernels.SPLIT_PLAIN`: none, small, all); "cublas<lo>-<hi>" runs the products of lo-hi tokens over the model's
-own weights through cuBLAS ("cublas0": none of them; `kernels.LIBRARY_PLAIN`). `--tree-nodes` adds the target's
+own weights through cuBLAS ("cublas0": none of them; `kernels.LIBRARY_PLAIN`); "smem<KB>" caps the 2-64-token
+products' pipeline buffers at KB kilobytes (`kernels.SHARED_MEMORY`: fewer stages, then fewer columns), so that more
+than one program fits on a multiprocessor and the next kernel's programs can start beside this one's (PDL);
+"few<N>" runs 2-N-token products over the model's own weights in `gemv_few` (`kernels.FEW_PLAIN`).
+`--tree-nodes` adds the target's
 verify of that many tree nodes and the draft's frontier of 8 (`bench_engine.tree_ms`). The draft runs in
 `--draft-quant`'s format (none, int8, int4, fp8).
 
@@ -48,7 +52,8 @@ context = context.to(pair.device)
 ns = [int(n) for n in args.ns.split(",")]
 variants = args.variants.split(",")
 one_pass, chunk, library_fused = kernels.ONE_PASS_ELEMENTS, kernels._chunk, kernels.LIBRARY_FUSED
-split_plain, library_plain = kernels.SPLIT_PLAIN, kernels.LIBRARY_PLAIN
+split_plain, library_plain, shared_memory = kernels.SPLIT_PLAIN, kernels.LIBRARY_PLAIN, kernels.SHARED_MEMORY
+few_plain = kernels.FEW_PLAIN
 # A variant named twice (the rule first and last, to see the drift) is labelled by its turn: fused+pdl, fused+pdl#2.
 labels = [v if not variants[:i].count(v) else f"{v}#{variants[:i].count(v) + 1}" for i, v in enumerate(variants)]
 rows = {}
@@ -57,6 +62,9 @@ for variant, label in zip(variants, labels, strict=True):
     kernels._chunk = (lambda span, n=int(variant[5:].split("+")[0]): n) if variant.startswith("chunk") else chunk
     kernels.LIBRARY_FUSED = library_fused and not variant.startswith("apart")
     kernels.SPLIT_PLAIN = variant[5:].split("+")[0] if variant.startswith("split") else split_plain
+    kernels.SHARED_MEMORY = (int(variant[4:].split("+")[0]) * 1024 if variant.startswith("smem")
+                             else shared_memory)
+    kernels.FEW_PLAIN = int(variant[3:].split("+")[0]) if variant.startswith("few") else few_plain
     kernels.LIBRARY_PLAIN = (kernels.token_range(variant[6:].split("+")[0], None) if variant.startswith("cublas")
                              else library_plain)
     for role in ("target", "draft"):
