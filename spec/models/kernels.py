@@ -262,18 +262,9 @@ MAX_FUSED_TOKENS = 16  # tokens a verify or a prompt's chunk takes at once: the 
 MAX_FEW_TOKENS = 0 if os.environ.get("SPARK_SPEC_FEW_TOKENS") == "0" else 4
 
 
-# Up to this many tokens, products over the model's own weights run `gemv_few` too (0: none; at most 4, the widest
-# `gemv_few` takes): the one-token kernel's many small programs, each token's sums on the CUDA cores, where the
-# tensor-core tiles leave one program a multiprocessor. SPARK_SPEC_FEW_PLAIN, read when this module is imported.
-FEW_PLAIN = int(os.environ.get("SPARK_SPEC_FEW_PLAIN") or 0)
-if not 0 <= FEW_PLAIN <= 4:
-    raise ValueError(f"SPARK_SPEC_FEW_PLAIN={FEW_PLAIN}: 0 (none) to 4 tokens")
-
-
 def few_tokens(tokens: int, quant: str) -> bool:
-    """Whether a product of `tokens` tokens over weights in `quant` runs `gemv_few`: 2-MAX_FEW_TOKENS packed,
-    2-FEW_PLAIN in the model's dtype."""
-    return 1 < tokens <= (MAX_FEW_TOKENS if quant != "none" else FEW_PLAIN)
+    """Whether a product of `tokens` tokens over weights in `quant` runs `gemv_few`: 2-MAX_FEW_TOKENS, packed."""
+    return 1 < tokens <= MAX_FEW_TOKENS and quant != "none"
 
 
 MAX_KERNEL_TOKENS = 64  # the most one fused forward takes (a token tree's verify): tiles of 16, 32 or 64 tokens
@@ -578,7 +569,7 @@ def few_tile(one_token: tuple[int, ...], tokens: int, quant: str, kind: str) -> 
     bn, block_k, warps = one_token[:3]
     if quant == "int4" and kind == "silu_mul":
         block_k = max(GROUP, block_k // 2)
-    elif quant not in ("int4", "none") and kind == "logits":
+    elif quant != "int4" and kind == "logits":
         block_k = max(PACKED_HEAD_COLUMNS, block_k // 2)
     return bn, block_k, warps
 
