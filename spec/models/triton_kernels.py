@@ -60,7 +60,9 @@ def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_pt
     base = (h * splits + s) * RSTRIDE  # RSTRIDE: the row blocks' rows together
     tl.store(m_ptr + base + rows, m, mask=row_ok)  # the padding rows of the tile are not stored
     tl.store(l_ptr + base + rows, l, mask=row_ok)
-    tl.store(o_ptr + (base + rows[:, None]) * D + d[None, :], o, mask=row_ok[:, None])
+    # A row that saw no key of this chunk (a chunk past the text: the span's rounding up) has o = 0 and m = -inf,
+    # and the combine gives it weight 0: its o is neither stored nor read.
+    tl.store(o_ptr + (base + rows[:, None]) * D + d[None, :], o, mask=(row_ok & (m != float("-inf")))[:, None])
     if ONE_PASS > 0:
         if last_to_finish(count_ptr + h, splits):  # the head's last program combines its chunks
             combine_rows(o_ptr, m_ptr, l_ptr, out_ptr, h, 0, rows_n, splits, D, RSTRIDE, SPLITS, ONE_PASS)
@@ -92,11 +94,12 @@ def combine_rows(o_ptr, m_ptr, l_ptr, out_ptr, h, r0, rows_n, splits,
     index = (h * splits + s[None, :]) * ROWS + r[:, None]
     m = tl.load(m_ptr + index, mask=ok, other=float("-inf"), cache_modifier=".cg")
     l = tl.load(l_ptr + index, mask=ok, other=0.0, cache_modifier=".cg")
-    o = tl.load(o_ptr + index[:, :, None] * D + d[None, None, :], mask=ok[:, :, None], other=0.0,
+    seen = ok & (m != float("-inf"))  # chunks where the row saw a key: the others stored no o
+    o = tl.load(o_ptr + index[:, :, None] * D + d[None, None, :], mask=seen[:, :, None], other=0.0,
                 cache_modifier=".cg")  # [RB, SPLITS, D]
     top = tl.max(m, 1)  # finite for a real row: position 0 is visible to every row
     top = tl.where(top == float("-inf"), 0.0, top)
-    w = tl.where(ok & (m != float("-inf")), tl.exp(m - top[:, None]), 0.0)
+    w = tl.where(seen, tl.exp(m - top[:, None]), 0.0)
     den = tl.sum(w * l, 1)
     out = tl.sum(w[:, :, None] * o, 1) / tl.where(den == 0.0, 1.0, den)[:, None]
     tl.store(out_ptr + (h * rows_n + r[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty),
