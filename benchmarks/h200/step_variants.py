@@ -1,19 +1,18 @@
-"""ms per forward of the graph backend's variants on one pair, side by side in one process: the fused kernels for
-1-16 tokens with and without programmatic dependent launch ("fused", the default), the same with the attention's
-combine always a second kernel ("twopass"), the fused one-token step with verifies on the layer stack ("fused1"),
-and the layer stack alone (not compiled), each for forwards of 1, 2, 5, 8, 9 and 16 tokens; "chunk<N>" runs the fused
-kernels with the split-KV attention reading N cached positions a program (the rule, `kernels._chunk`: 32 up to a
-1024-token span), so fewer programs a head and fewer partial sums for its last program to combine; "apart" runs the
-fused kernels with the launches between int4 library products not fused (`kernels.LIBRARY_FUSED` off: every
-product norms its own input, the q/k/v product's output is copied to fp32 first); "split<rule>" runs the fused
-kernels with 2-16-token products over the model's own weights split over their inputs by that rule
-(`kernels.SPLIT_PLAIN`: none, small, all); "cublas<lo>-<hi>" runs the products of lo-hi tokens over the model's
-own weights through cuBLAS ("cublas0": none of them; `kernels.LIBRARY_PLAIN`); "smem<KB>" caps the 2-64-token
-products' pipeline buffers at KB kilobytes (`kernels.SHARED_MEMORY`: fewer stages, then fewer columns), so that more
-than one program fits on a multiprocessor and the next kernel's programs can start beside this one's (PDL).
-`--tree-nodes` adds the target's
-verify of that many tree nodes and the draft's frontier of 8 (`bench_engine.tree_ms`). The draft runs in
-`--draft-quant`'s format (none, int8, int4, fp8).
+"""ms per forward of the graph backend's variants on one pair, side by side in one process: the fused kernels for 1-16
+tokens with and without programmatic dependent launch ("fused", the default), the same with the attention's combine
+always a second kernel ("twopass"), the fused one-token step with verifies on the layer stack ("fused1"), and the
+layer stack alone (not compiled), each for forwards of 1, 2, 5, 8, 9 and 16 tokens; "chunk<N>" runs the fused kernels
+with the split-KV attention reading N cached positions a program (the rule, `kernels._chunk`: 32 up to a 1024-token
+span, 64 past one program's rows), so fewer programs a head and fewer partial sums for its last program to combine;
+"apart" runs the fused kernels with the launches between int4 library products not fused (`kernels.LIBRARY_FUSED`
+off: every product norms its own input, the q/k/v product's output is copied to fp32 first); "split<rule>" runs the
+fused kernels with 2-16-token products over the model's own weights split over their inputs by that rule
+(`kernels.SPLIT_PLAIN`: none, small, all); "cublas<lo>-<hi>" runs the products of lo-hi tokens over the model's own
+weights through cuBLAS ("cublas0": none of them; `kernels.LIBRARY_PLAIN`); "smem<KB>" caps the 2-64-token products'
+pipeline buffers at KB kilobytes (`kernels.SHARED_MEMORY`: fewer stages, then fewer columns), so that more than one
+program fits on a multiprocessor and the next kernel's programs can start beside this one's (PDL). `--tree-nodes`
+adds the target's verify of that many tree nodes and the draft's frontier of 8 (`bench_engine.tree_ms`). The draft
+runs in `--draft-quant`'s format (none, int8, int4, fp8).
 
     PYTHONPATH=. python benchmarks/h200/step_variants.py --pair llama-random --device cuda
     PYTHONPATH=. python benchmarks/h200/step_variants.py --pair llama-random --device cuda --ns 1 \
@@ -57,7 +56,8 @@ labels = [v if not variants[:i].count(v) else f"{v}#{variants[:i].count(v) + 1}"
 rows = {}
 for variant, label in zip(variants, labels, strict=True):
     kernels.ONE_PASS_ELEMENTS = 0 if variant.startswith("twopass") else one_pass
-    kernels._chunk = (lambda span, n=int(variant[5:].split("+")[0]): n) if variant.startswith("chunk") else chunk
+    kernels._chunk = (lambda span, rows_n=1, n=int(variant[5:].split("+")[0]): n) if variant.startswith("chunk") \
+        else chunk
     kernels.LIBRARY_FUSED = library_fused and not variant.startswith("apart")
     kernels.SPLIT_PLAIN = variant[5:].split("+")[0] if variant.startswith("split") else split_plain
     kernels.SHARED_MEMORY = (int(variant[4:].split("+")[0]) * 1024 if variant.startswith("smem")

@@ -64,9 +64,12 @@ def suits_head_dim(dim: int) -> bool:
     return dim >= 16 and dim & (dim - 1) == 0
 
 
-def _chunk(span: int) -> int:
-    """Cached positions per program: 32 up to a 1024-token span (>= 16 programs per head), at most 128 beyond."""
-    return min(128, max(32, _pow2(span // 32)))
+def _chunk(span: int, rows_n: int = 1) -> int:
+    """Cached positions per program: 32 up to a 1024-token span (>= 16 programs per head), at most 128 beyond; at
+    least 64 where a head's query rows fill more than one program (a tree of more than 32 nodes of the 8B): on an
+    H100 (session 25, benchmarks/h100/session25/) 64 cut the 8B's 64-node verify from 7.05 to 6.83 ms and cost its
+    32-node one (one program's 128 rows) 6.36 -> 6.47, its 16-token one 5.94 -> 5.95."""
+    return min(128, max(64 if rows_n > MAX_ROWS else 32, _pow2(span // 32)))
 
 
 TREE_WINDOW = 64  # slots a tree forward's mask bits cover: the last 64 of the text, one bit each in an int64
@@ -202,7 +205,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     q = q.contiguous()
     blocks = -(-rows_n // MAX_ROWS)  # programs a (head, chunk): a 64-node tree of the 8B's 256 rows takes two
     rows = max(16, _pow2(rows_n)) if blocks == 1 else MAX_ROWS  # the tile's height: at least a tensor core's 16
-    chunk = _chunk(span)
+    chunk = _chunk(span, rows_n)
     splits = -(-span // chunk)
     width = max(16, _pow2(splits))
     # A few rows (a one-token step's query heads) are combined by each head's last program to finish, in the
