@@ -174,7 +174,18 @@ for dtype, bound in ((torch.float32, 6e-4), (torch.float16, 0.05)):
     assert error < bound, (dtype, error)
     assert fused.length > SPAN_STEP
 # The split-KV attention alone, one-pass (a few rows) and with the second combine kernel (a verify's rows).
+import contextlib
 from spec.models import kernels
+
+@contextlib.contextmanager
+def nan_scratch():  # every buffer the attention allocates (partial sums, maxima, sums, its output) full of NaN
+    empty, empty_like = torch.empty, torch.empty_like
+    torch.empty = lambda *shape, **options: empty(*shape, **options).fill_(float("nan"))
+    torch.empty_like = lambda x, **options: empty_like(x, **options).fill_(float("nan"))
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = empty, empty_like
 for rows, n, pos, span, dim in ((4, 1, 300, 512, 128), (2, 1, 511, 768, 32), (36, 9, 700, 768, 64)):
     q, k, v = (torch.randn(shape, generator=torch.Generator().manual_seed(rows)) for shape in
                ((3, rows, dim), (3, 1024, dim), (3, 1024, dim)))
@@ -187,12 +198,8 @@ for rows, n, pos, span, dim in ((4, 1, 300, 512, 128), (2, 1, 511, 768, 32), (36
     assert torch.equal(kernels.decode_attention(q, k, v, position, span, n, 0.1), got)  # its counters reset
     # Chunks past the text (span 768 over 512 slots) store no partial sums, and the combine reads none of them:
     # with every scratch buffer full of NaN the result is the same, bit for bit.
-    empty = torch.empty
-    torch.empty = lambda *shape, **options: empty(*shape, **options).fill_(float("nan"))
-    try:
+    with nan_scratch():
         assert torch.equal(kernels.decode_attention(q, k, v, position, span, n, 0.1), got), (rows, n)
-    finally:
-        torch.empty = empty
 # More rows than one program holds (a 64-node tree of 4 query heads a K/V head: 256), split over programs: causal,
 # and a random tree of 40 tokens x 4 query heads (each sees the text before slot 100, its ancestors and itself).
 import random
@@ -208,6 +215,8 @@ for rows, n, tree in ((300, 75, None), (160, 40, torch.tensor(kernels.tree_mask(
     got = kernels.decode_attention(q, k, v, position, 256, n, 0.1, tree=tree)
     reference = kernels.masked_sdpa(q, k, v, position, 256, n, 0.1, tree)
     assert (got - reference).abs().max() < 1e-4, (rows, n)
+    with nan_scratch():  # two programs' rows a chunk, and chunks a row's tree mask hides from it
+        assert torch.equal(kernels.decode_attention(q, k, v, position, 256, n, 0.1, tree=tree), got), (rows, n)
 print("ok")
 """
 
