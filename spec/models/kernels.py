@@ -9,7 +9,7 @@ every multiprocessor to work:
 - `attention_partial`: one program per (K/V head, chunk of CHUNK cached positions) computes, for all query rows of
   that head (query heads sharing the K/V head folded in as rows; past MAX_ROWS, a program per block of them), the
   chunk's softmax numerator `o`, its row maxima `m` and sums `l` in fp32; chunks past the last position any row may
-  see load nothing;
+  see load nothing, and a row that sees no key of a chunk stores no `o` there (the combine reads none);
 - the combine rescales the chunks to a common maximum and normalises. For a few rows (a one-token step's) the
   head's last program to finish does it, in the same kernel (it learns it is last from a counter per head); a
   verify's rows, and any with many partial sums, get a second kernel, `attention_combine`, a program per (head, row)
