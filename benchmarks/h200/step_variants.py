@@ -10,7 +10,9 @@ fused kernels with 2-16-token products over the model's own weights split over t
 (`kernels.SPLIT_PLAIN`: none, small, all); "cublas<lo>-<hi>" runs the products of lo-hi tokens over the model's own
 weights through cuBLAS ("cublas0": none of them; `kernels.LIBRARY_PLAIN`); "smem<KB>" caps the 2-64-token products'
 pipeline buffers at KB kilobytes (`kernels.SHARED_MEMORY`: fewer stages, then fewer columns), so that more than one
-program fits on a multiprocessor and the next kernel's programs can start beside this one's (PDL). `--tree-nodes`
+program fits on a multiprocessor and the next kernel's programs can start beside this one's (PDL); "parts<R>" runs
+the attention of forwards whose rows the one-pass combine does not take in one kernel, R query rows a program, each
+over a run of chunks with the block's last program combining (`kernels.PART_ROWS`). `--tree-nodes`
 adds the target's verify of that many tree nodes and the draft's frontier of 8 (`bench_engine.tree_ms`). The draft
 runs in `--draft-quant`'s format (none, int8, int4, fp8).
 
@@ -51,6 +53,7 @@ ns = [int(n) for n in args.ns.split(",")]
 variants = args.variants.split(",")
 one_pass, chunk, library_fused = kernels.ONE_PASS_ELEMENTS, kernels._chunk, kernels.LIBRARY_FUSED
 split_plain, library_plain, shared_memory = kernels.SPLIT_PLAIN, kernels.LIBRARY_PLAIN, kernels.SHARED_MEMORY
+part_rows = kernels.PART_ROWS
 # A variant named twice (the rule first and last, to see the drift) is labelled by its turn: fused+pdl, fused+pdl#2.
 labels = [v if not variants[:i].count(v) else f"{v}#{variants[:i].count(v) + 1}" for i, v in enumerate(variants)]
 rows = {}
@@ -64,6 +67,7 @@ for variant, label in zip(variants, labels, strict=True):
                              else shared_memory)
     kernels.LIBRARY_PLAIN = (kernels.token_range(variant[6:].split("+")[0], None) if variant.startswith("cublas")
                              else library_plain)
+    kernels.PART_ROWS = int(variant[5:].split("+")[0]) if variant.startswith("parts") else part_rows
     for role in ("target", "draft"):
         m = getattr(pair, role)
         if role == "draft" and quant != "none" and variant.startswith(("stack", "fused1")):

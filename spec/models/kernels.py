@@ -211,6 +211,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # A few rows (a one-token step's query heads) are combined by each head's last program to finish, in the
     # same kernel; more (a verify's) by a second kernel, a program per row.
     one_pass = _pow2(rows_n) if blocks == 1 and _pow2(rows_n) * width * dim <= ONE_PASS_ELEMENTS else 0
+    if PART_ROWS and not one_pass:
+        return _attention_in_parts(q, k_cache, v_cache, pos, span, n_tokens, scale, pdl, tree)
     o = torch.empty((heads, splits, rows * blocks, dim), dtype=torch.float32, device=q.device)
     m = torch.empty((heads, splits, rows * blocks), dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
@@ -223,6 +225,44 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if not one_pass:
         _run(tk.attention_combine, (heads, rows_n), o, m, l, out, rows_n, splits, D=dim, ROWS=rows * blocks,
              SPLITS=width, PDL=pdl, num_warps=4, launch_pdl=pdl)
+    return out
+
+
+# Query rows a program of `_attention_in_parts` holds, 0: that path off (the experiment of session 26;
+# SPARK_SPEC_PART_ROWS, read when this module is imported, sets it).
+PART_ROWS = int(os.environ.get("SPARK_SPEC_PART_ROWS", "0"))
+PART_CHUNK = 32  # cached positions a step of its running softmax takes
+
+
+def attention_parts(rows_n: int, rows: int, dim: int, heads: int, chunks: int, device: torch.device) -> tuple[int, int]:
+    """How `_attention_in_parts` deals a head's text out: (parts, combine rows). Enough parts that the programs (heads
+    x row blocks x parts) fill the multiprocessors, as many as the chunks, and few enough that the last program's
+    combine holds at most ONE_PASS_ELEMENTS partial sums at a time (its rows, in steps of up to 16, x the parts x the
+    head size)."""
+    blocks = -(-rows_n // rows)
+    combine_rows = min(rows, 16, _pow2(rows_n))
+    most = 1 << max(0, (ONE_PASS_ELEMENTS // (combine_rows * dim)).bit_length() - 1)
+    sms = _multiprocessors(device) or 132
+    return max(1, min(sms // (heads * blocks), most, chunks)), combine_rows
+
+
+def _attention_in_parts(q, k_cache, v_cache, pos, span, n_tokens, scale, pdl, tree):
+    """A verify's attention in one kernel (`triton_kernels.attention_parts`): a program per (K/V head, part of the
+    text, PART_ROWS query rows) runs a softmax over its part's chunks, one after another, and the block's last
+    program to finish combines the parts."""
+    heads, rows_n, dim = q.shape
+    rows = max(16, min(PART_ROWS, _pow2(rows_n)))
+    blocks = -(-rows_n // rows)
+    parts, combine_rows = attention_parts(rows_n, rows, dim, heads, -(-span // PART_CHUNK), q.device)
+    o = torch.empty((heads, parts, rows * blocks, dim), dtype=torch.float32, device=q.device)
+    m = torch.empty((heads, parts, rows * blocks), dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    out = torch.empty_like(q)
+    _run(_triton().attention_parts, (heads, parts, blocks), q, k_cache, v_cache, pos, pos if tree is None else tree,
+         o, m, l, out, _counters(q.device, heads * blocks), rows_n, n_tokens, scale, q.stride(0), k_cache.stride(0),
+         parts, D=dim, ROWS=rows, CHUNK=PART_CHUNK, SPLITS=_pow2(parts), RB=combine_rows, PDL=pdl,
+         PRECISION=_precision(q), TREE=tree is not None, RSTRIDE=rows * blocks, num_warps=4, num_stages=2,
+         launch_pdl=pdl)
     return out
 
 

@@ -22,7 +22,6 @@ def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_pt
     d = tl.arange(0, D)
     keys = s * CHUNK + tl.arange(0, CHUNK)
     row_ok = rows < rows_n
-    seen = pos + rows % n_tokens  # the last cache position each row may attend to
     key_ok = keys <= pos + n_tokens - 1
     # The slots before pos hold earlier forwards' keys and values: every forward begins with kernels launched
     # without PDL (the embedding's row, the position's fill), which start once all work before them has finished,
@@ -39,18 +38,7 @@ def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_pt
     v = tl.where(new, tl.load(v_ptr + at, mask=new, other=0.0), v)
     q = tl.load(q_ptr + h * stride_qh + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [ROWS, CHUNK], fp32
-    if TREE:
-        # A token tree: tree_ptr = [base, bits of token 0, ..]; a row sees every slot before `base` and, of the 64
-        # from `base` on, those whose bit is set in its token's mask (its ancestors and itself).
-        base = tl.load(tree_ptr)
-        bits = tl.load(tree_ptr + 1 + rows % n_tokens, mask=row_ok, other=0)  # [ROWS] int64
-        rel = keys - base  # [CHUNK]
-        window = (rel >= 0) & (rel < 64)
-        shift = tl.where(window, rel, 0).to(tl.int64)
-        marked = ((bits[:, None] >> shift[None, :]) & 1) != 0
-        allowed = ((rel < 0)[None, :] | (window[None, :] & marked)) & key_ok[None, :]
-    else:
-        allowed = (keys[None, :] <= seen[:, None]) & key_ok[None, :]
+    allowed = visible(keys, rows, row_ok, pos, n_tokens, tree_ptr, TREE)
     scores = tl.where(allowed, scores, float("-inf"))
     m = tl.max(scores, 1)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
@@ -66,6 +54,103 @@ def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_pt
     if ONE_PASS > 0:
         if last_to_finish(count_ptr + h, splits):  # the head's last program combines its chunks
             combine_rows(o_ptr, m_ptr, l_ptr, out_ptr, h, 0, rows_n, splits, D, RSTRIDE, SPLITS, ONE_PASS)
+
+
+@triton.jit
+def attention_parts(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_ptr, out_ptr, count_ptr, rows_n, n_tokens,
+                    scale, stride_qh, stride_kh, parts,
+                    D: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr, RB: tl.constexpr,
+                    PDL: tl.constexpr, PRECISION: tl.constexpr, TREE: tl.constexpr, RSTRIDE: tl.constexpr):
+    """A block of ROWS of a head's query rows over one of `parts` runs of consecutive chunks of the text (the text's
+    chunks dealt out evenly, from the position this forward starts at), with a running softmax over the run's
+    chunks; the last of the block's `parts` programs to finish combines them, RB rows at a time. One part: the
+    program normalises and stores its rows itself."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    h = tl.program_id(0)
+    s = tl.program_id(1)
+    b = tl.program_id(2)
+    pos = tl.load(pos_ptr)
+    rows = b * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < rows_n
+    d = tl.arange(0, D)
+    chunks = tl.cdiv(pos + n_tokens, CHUNK)  # the text's chunks, this forward's tokens included
+    each = tl.cdiv(chunks, parts)
+    first = s * each
+    end = tl.minimum(first + each, chunks)  # first >= end: a part past the text (it sees no key)
+    # The first chunk's slots before pos, written by earlier forwards, are loaded before the PDL wait (as in
+    # attention_partial); this forward's own slots and the later chunks after it.
+    keys = first * CHUNK + tl.arange(0, CHUNK)
+    at = h * stride_kh + keys[:, None] * D + d[None, :]
+    earlier = (keys < pos)[:, None]
+    k = tl.load(k_ptr + at, mask=earlier, other=0.0)
+    v = tl.load(v_ptr + at, mask=earlier, other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    new = ((keys >= pos) & (keys < pos + n_tokens))[:, None]
+    k = tl.where(new, tl.load(k_ptr + at, mask=new, other=0.0), k)
+    v = tl.where(new, tl.load(v_ptr + at, mask=new, other=0.0), v)
+    q = tl.load(q_ptr + h * stride_qh + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    l = tl.zeros([ROWS], tl.float32)
+    o = tl.zeros([ROWS, D], tl.float32)
+    m, l, o = running_softmax(q, k, v, keys, rows, row_ok, pos, n_tokens, tree_ptr, scale, m, l, o, PRECISION, TREE)
+    for c in range(first + 1, end):
+        keys = c * CHUNK + tl.arange(0, CHUNK)
+        at = h * stride_kh + keys[:, None] * D + d[None, :]
+        ok = (keys < pos + n_tokens)[:, None]
+        k = tl.load(k_ptr + at, mask=ok, other=0.0)
+        v = tl.load(v_ptr + at, mask=ok, other=0.0)
+        m, l, o = running_softmax(q, k, v, keys, rows, row_ok, pos, n_tokens, tree_ptr, scale, m, l, o, PRECISION,
+                                  TREE)
+    if SPLITS == 1:  # every chunk of the text: position 0 is visible to every real row, so l > 0
+        out = o / tl.where(l == 0.0, 1.0, l)[:, None]
+        tl.store(out_ptr + (h * rows_n + rows[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
+    else:
+        at = (h * parts + s) * RSTRIDE
+        tl.store(m_ptr + at + rows, m, mask=row_ok)
+        tl.store(l_ptr + at + rows, l, mask=row_ok)
+        tl.store(o_ptr + (at + rows[:, None]) * D + d[None, :], o, mask=(row_ok & (m != float("-inf")))[:, None])
+        if last_to_finish(count_ptr + h * tl.num_programs(2) + b, parts):
+            for i in tl.static_range(ROWS // RB):
+                combine_rows(o_ptr, m_ptr, l_ptr, out_ptr, h, b * ROWS + i * RB, rows_n, parts, D, RSTRIDE, SPLITS,
+                             RB)
+
+
+@triton.jit
+def running_softmax(q, k, v, keys, rows, row_ok, pos, n_tokens, tree_ptr, scale, m, l, o, PRECISION: tl.constexpr,
+                    TREE: tl.constexpr):
+    """One chunk's keys and values into a running softmax: the maximum m, the sum l and the unnormalised output o,
+    rescaled to the new maximum (a row that has seen no key yet keeps m = -inf, l = 0, o = 0)."""
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    allowed = visible(keys, rows, row_ok, pos, n_tokens, tree_ptr, TREE)
+    scores = tl.where(allowed, scores, float("-inf"))
+    top = tl.maximum(m, tl.max(scores, 1))
+    top_safe = tl.where(top == float("-inf"), 0.0, top)
+    p = tl.where(allowed, tl.exp(scores - top_safe[:, None]), 0.0)
+    old = tl.exp(m - top_safe)  # 0 where m = -inf
+    l = l * old + tl.sum(p, 1)
+    o = o * old[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return top, l, o
+
+
+@triton.jit
+def visible(keys, rows, row_ok, pos, n_tokens, tree_ptr, TREE: tl.constexpr):
+    """[ROWS, CHUNK]: which of the cached `keys` each of the query `rows` attends to (row r is token r % n_tokens, in
+    slot pos + r % n_tokens). Causal: the slots up to the row's own. A token tree: tree_ptr = [base, bits of token 0,
+    ..]; a row sees every slot before `base` and, of the 64 from `base` on, those whose bit is set in its token's mask
+    (its ancestors and itself). Never a slot past the forward's last token."""
+    key_ok = keys <= pos + n_tokens - 1
+    if TREE:
+        base = tl.load(tree_ptr)
+        bits = tl.load(tree_ptr + 1 + rows % n_tokens, mask=row_ok, other=0)  # [ROWS] int64
+        rel = keys - base  # [CHUNK]
+        window = (rel >= 0) & (rel < 64)
+        shift = tl.where(window, rel, 0).to(tl.int64)
+        marked = ((bits[:, None] >> shift[None, :]) & 1) != 0
+        return ((rel < 0)[None, :] | (window[None, :] & marked)) & key_ok[None, :]
+    return (keys[None, :] <= (pos + rows % n_tokens)[:, None]) & key_ok[None, :]
 
 
 @triton.jit
