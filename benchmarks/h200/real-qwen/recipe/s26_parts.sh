@@ -7,8 +7,8 @@
 source "$(dirname "$0")/env.sh"
 mkdir -p results
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $GPU"
-timeout ${VLIMIT:-200} python3 benchmarks/h200/step_variants.py --pair llama-random --device cuda --ns 1,2,8,16 \
-  --tree-nodes 16,32,64 --variants ${VARIANTS:-fused+pdl,parts16+pdl,parts64+pdl,fused+pdl} \
+timeout ${VLIMIT:-200} python3 benchmarks/h200/step_variants.py --pair llama-random --device cuda --ns ${NS:-1,2,8,16} \
+  --tree-nodes ${TREES:-16,32,64} --variants ${VARIANTS:-fused+pdl,parts16+pdl,parts64+pdl,fused+pdl} \
   --json $OUT/variants-parts.json > $OUT/variants-parts.log 2>&1; echo "variants rc=$?"
 grep -v -i warn $OUT/variants-parts.log | grep -E " ms$|^[a-z0-9+#]+: c "
 PYTEST="python3 -m pytest -n 8 -q -p no:cacheprovider -rfE --tb=short"
