@@ -31,12 +31,14 @@ def pair():
 def test_split_attention_matches_reference(rows, n, pos, span, part_rows, monkeypatch):
     """The split-KV kernel against fp32 attention with the same causal rule; its error is no larger than bf16 SDPA's
     own (300 rows: past what one program holds, three programs a chunk; 600: past four, the op's SDPA fallback).
-    `part_rows`: the verifies' rows in one kernel, runs of chunks a program (`kernels.PART_ROWS`)."""
+    `part_rows`: every shape's rows in one kernel, runs of chunks a program (`kernels.PART_ROWS`, taken here
+    wherever the one-pass combine is not; 0: the two kernels)."""
     from spec.models import kernels
 
     if not kernels.available():
         pytest.skip("needs Triton")
     monkeypatch.setattr(kernels, "PART_ROWS", part_rows)
+    monkeypatch.setattr(kernels, "PART_RANGE", (1, kernels.MAX_ROWS * kernels.MAX_ROW_BLOCKS))
     gen = torch.Generator("cuda").manual_seed(rows + pos)
     q, k, v = (torch.randn(shape, device="cuda", generator=gen).bfloat16()
                for shape in ((8, rows, 128), (8, 4096, 128), (8, 4096, 128)))
@@ -220,24 +222,27 @@ for rows, n, tree in ((300, 75, None), (160, 40, torch.tensor(kernels.tree_mask(
     assert (got - reference).abs().max() < 1e-4, (rows, n)
     with nan_scratch():  # two programs' rows a chunk, and chunks a row's tree mask hides from it
         assert torch.equal(kernels.decode_attention(q, k, v, position, 256, n, 0.1, tree=tree), got), (rows, n)
-# A verify's rows in one kernel (kernels.PART_ROWS): a program's running softmax over a run of chunks, the block's
-# last program combining the runs; as many runs as the rule gives, and one (no partial sums: the program finishes).
-parts_rule = kernels.attention_parts
+# A verify's rows in one kernel (kernels.PART_ROWS), here for every row count: a program's running softmax over a
+# run of chunks, the block's last program combining the runs; as many runs as the rule gives, and one (no partial
+# sums: the program finishes). A span shorter than the text: slots past it are not read.
+parts_rule, part_range, part_rows_rule = kernels.attention_parts, kernels.PART_RANGE, kernels.PART_ROWS
+kernels.PART_RANGE = (1, kernels.MAX_ROWS * kernels.MAX_ROW_BLOCKS)
 for part_rows, parts in ((16, None), (64, None), (16, 1)):
     kernels.PART_ROWS = part_rows
     kernels.attention_parts = lambda *a, parts=parts: (parts or parts_rule(*a)[0], parts_rule(*a)[1])
     for rows, n, pos, span, dim, tree in ((36, 9, 700, 768, 64, None), (64, 16, 300, 512, 128, None),
+                                          (16, 4, 255, 256, 128, None),
                                           (160, 40, 100, 256, 32, torch.tensor(kernels.tree_mask(seen, 100, 140)))):
         q, k, v = (torch.randn(shape, generator=torch.Generator().manual_seed(rows)) for shape in
                    ((3, rows, dim), (3, 1024, dim), (3, 1024, dim)))
         position = torch.tensor(pos)
         got = kernels.decode_attention(q, k, v, position, span, n, 0.1, tree=tree)
         assert (got - kernels.masked_sdpa(q, k, v, position, span, n, 0.1, tree)).abs().max() < 1e-4, (rows, parts)
-        k[:, pos + n:] = float("nan")  # runs past the text read nothing, store nothing, and nothing reads them
-        v[:, pos + n:] = float("nan")
+        k[:, min(pos + n, span):] = float("nan")  # runs past the text (or span) read nothing, store nothing, and
+        v[:, min(pos + n, span):] = float("nan")  # nothing reads them
         with nan_scratch():
             assert torch.equal(kernels.decode_attention(q, k, v, position, span, n, 0.1, tree=tree), got), (rows, parts)
-kernels.PART_ROWS, kernels.attention_parts = 0, parts_rule
+kernels.PART_ROWS, kernels.PART_RANGE, kernels.attention_parts = part_rows_rule, part_range, parts_rule
 print("ok")
 """
 

@@ -12,7 +12,8 @@ weights through cuBLAS ("cublas0": none of them; `kernels.LIBRARY_PLAIN`); "smem
 pipeline buffers at KB kilobytes (`kernels.SHARED_MEMORY`: fewer stages, then fewer columns), so that more than one
 program fits on a multiprocessor and the next kernel's programs can start beside this one's (PDL); "parts<R>" runs
 the attention of forwards whose rows the one-pass combine does not take in one kernel, R query rows a program, each
-over a run of chunks with the block's last program combining (`kernels.PART_ROWS`). `--tree-nodes`
+over a run of chunks with the block's last program combining (`kernels.PART_ROWS`, 16 by default for 17-64 rows;
+"parts0": always the two kernels, partial sums and a combine). `--tree-nodes`
 adds the target's verify of that many tree nodes and the draft's frontier of 8 (`bench_engine.tree_ms`). The draft
 runs in `--draft-quant`'s format (none, int8, int4, fp8).
 

@@ -13,7 +13,10 @@ every multiprocessor to work:
 - the combine rescales the chunks to a common maximum and normalises. For a few rows (a one-token step's) the
   head's last program to finish does it, in the same kernel (it learns it is last from a counter per head); a
   verify's rows, and any with many partial sums, get a second kernel, `attention_combine`, a program per (head, row)
-  (`ONE_PASS_ELEMENTS` says where, from what it measured).
+  (`ONE_PASS_ELEMENTS` says where, from what it measured);
+- `attention_parts`, for a verify of 17-64 rows a head (`PART_RANGE`): one kernel. A program takes PART_ROWS of a
+  head's rows over a run of consecutive chunks, a running softmax over them, and the last of a row block's programs
+  to finish combines the runs: the two kernels' chain, not their bytes, was what a 5-16-token verify paid.
 
 `decode_attention` is a `torch.library` custom op (opaque to torch.compile, capturable in a CUDA graph). The causal
 rule is by position: row r (token r % n) sees cache positions <= pos + r % n, so stale entries after the text are
@@ -211,7 +214,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # A few rows (a one-token step's query heads) are combined by each head's last program to finish, in the
     # same kernel; more (a verify's) by a second kernel, a program per row.
     one_pass = _pow2(rows_n) if blocks == 1 and _pow2(rows_n) * width * dim <= ONE_PASS_ELEMENTS else 0
-    if PART_ROWS and not one_pass:
+    if PART_ROWS and not one_pass and PART_RANGE[0] <= rows_n <= PART_RANGE[1]:
         return _attention_in_parts(q, k_cache, v_cache, pos, span, n_tokens, scale, pdl, tree)
     o = torch.empty((heads, splits, rows * blocks, dim), dtype=torch.float32, device=q.device)
     m = torch.empty((heads, splits, rows * blocks), dtype=torch.float32, device=q.device)
@@ -228,9 +231,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return out
 
 
-# Query rows a program of `_attention_in_parts` holds, 0: that path off (the experiment of session 26;
-# SPARK_SPEC_PART_ROWS, read when this module is imported, sets it).
-PART_ROWS = int(os.environ.get("SPARK_SPEC_PART_ROWS", "0"))
+# A verify's attention in one kernel (`_attention_in_parts`) for PART_RANGE query rows a K/V head where the one-pass
+# combine does not take them, PART_ROWS of them a program (0: never; SPARK_SPEC_PART_ROWS, read when this module is
+# imported, sets it). On an H100 (session 26, benchmarks/h100/session26/, alternated in one process) 16 rows a program
+# took the 8B's 8 / 16-token forwards from 6.00 / 6.13 ms to 5.91 / 6.09 and a 16-node tree's from 6.17 to 6.12, the
+# 1B's 8 / 16-token forwards from 1.30 / 1.36 to 1.27 / 1.34 and a frontier of 8 nodes from 1.315 to 1.284; but the
+# 8B's 32 / 64-node trees (128 / 256 rows) from 6.51 / 7.06 to 6.62 / 7.10, and 64 rows a program lost everywhere.
+# Forwards of 2-4 tokens of the 8B (8-16 rows) were not measured and keep the two kernels.
+PART_ROWS = int(os.environ.get("SPARK_SPEC_PART_ROWS", "16"))
+PART_RANGE = (17, 64)
 PART_CHUNK = 32  # cached positions a step of its running softmax takes
 
 
@@ -260,7 +269,7 @@ def _attention_in_parts(q, k_cache, v_cache, pos, span, n_tokens, scale, pdl, tr
     out = torch.empty_like(q)
     _run(_triton().attention_parts, (heads, parts, blocks), q, k_cache, v_cache, pos, pos if tree is None else tree,
          o, m, l, out, _counters(q.device, heads * blocks), rows_n, n_tokens, scale, q.stride(0), k_cache.stride(0),
-         parts, D=dim, ROWS=rows, CHUNK=PART_CHUNK, SPLITS=_pow2(parts), RB=combine_rows, PDL=pdl,
+         parts, span, D=dim, ROWS=rows, CHUNK=PART_CHUNK, SPLITS=_pow2(parts), RB=combine_rows, PDL=pdl,
          PRECISION=_precision(q), TREE=tree is not None, RSTRIDE=rows * blocks, num_warps=4, num_stages=2,
          launch_pdl=pdl)
     return out

@@ -58,7 +58,7 @@ def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_pt
 
 @triton.jit
 def attention_parts(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_ptr, out_ptr, count_ptr, rows_n, n_tokens,
-                    scale, stride_qh, stride_kh, parts,
+                    scale, stride_qh, stride_kh, parts, span,
                     D: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr, RB: tl.constexpr,
                     PDL: tl.constexpr, PRECISION: tl.constexpr, TREE: tl.constexpr, RSTRIDE: tl.constexpr):
     """A block of ROWS of a head's query rows over one of `parts` runs of consecutive chunks of the text (the text's
@@ -74,7 +74,8 @@ def attention_parts(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_ptr,
     rows = b * ROWS + tl.arange(0, ROWS)
     row_ok = rows < rows_n
     d = tl.arange(0, D)
-    chunks = tl.cdiv(pos + n_tokens, CHUNK)  # the text's chunks, this forward's tokens included
+    limit = tl.minimum(pos + n_tokens, span)  # the slots it reads: the text, this forward's tokens, within the span
+    chunks = tl.cdiv(limit, CHUNK)
     each = tl.cdiv(chunks, parts)
     first = s * each
     end = tl.minimum(first + each, chunks)  # first >= end: a part past the text (it sees no key)
@@ -87,22 +88,23 @@ def attention_parts(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_ptr,
     v = tl.load(v_ptr + at, mask=earlier, other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    new = ((keys >= pos) & (keys < pos + n_tokens))[:, None]
+    new = ((keys >= pos) & (keys < limit))[:, None]
     k = tl.where(new, tl.load(k_ptr + at, mask=new, other=0.0), k)
     v = tl.where(new, tl.load(v_ptr + at, mask=new, other=0.0), v)
     q = tl.load(q_ptr + h * stride_qh + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
     m = tl.full([ROWS], float("-inf"), tl.float32)
     l = tl.zeros([ROWS], tl.float32)
     o = tl.zeros([ROWS, D], tl.float32)
-    m, l, o = running_softmax(q, k, v, keys, rows, row_ok, pos, n_tokens, tree_ptr, scale, m, l, o, PRECISION, TREE)
+    m, l, o = running_softmax(q, k, v, keys, limit, rows, row_ok, pos, n_tokens, tree_ptr, scale, m, l, o, PRECISION,
+                              TREE)
     for c in range(first + 1, end):
         keys = c * CHUNK + tl.arange(0, CHUNK)
         at = h * stride_kh + keys[:, None] * D + d[None, :]
-        ok = (keys < pos + n_tokens)[:, None]
+        ok = (keys < limit)[:, None]
         k = tl.load(k_ptr + at, mask=ok, other=0.0)
         v = tl.load(v_ptr + at, mask=ok, other=0.0)
-        m, l, o = running_softmax(q, k, v, keys, rows, row_ok, pos, n_tokens, tree_ptr, scale, m, l, o, PRECISION,
-                                  TREE)
+        m, l, o = running_softmax(q, k, v, keys, limit, rows, row_ok, pos, n_tokens, tree_ptr, scale, m, l, o,
+                                  PRECISION, TREE)
     if SPLITS == 1:  # every chunk of the text: position 0 is visible to every real row, so l > 0
         out = o / tl.where(l == 0.0, 1.0, l)[:, None]
         tl.store(out_ptr + (h * rows_n + rows[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty),
@@ -119,12 +121,12 @@ def attention_parts(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_ptr,
 
 
 @triton.jit
-def running_softmax(q, k, v, keys, rows, row_ok, pos, n_tokens, tree_ptr, scale, m, l, o, PRECISION: tl.constexpr,
-                    TREE: tl.constexpr):
+def running_softmax(q, k, v, keys, limit, rows, row_ok, pos, n_tokens, tree_ptr, scale, m, l, o,
+                    PRECISION: tl.constexpr, TREE: tl.constexpr):
     """One chunk's keys and values into a running softmax: the maximum m, the sum l and the unnormalised output o,
     rescaled to the new maximum (a row that has seen no key yet keeps m = -inf, l = 0, o = 0)."""
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-    allowed = visible(keys, rows, row_ok, pos, n_tokens, tree_ptr, TREE)
+    allowed = visible(keys, rows, row_ok, pos, n_tokens, tree_ptr, TREE) & (keys < limit)[None, :]
     scores = tl.where(allowed, scores, float("-inf"))
     top = tl.maximum(m, tl.max(scores, 1))
     top_safe = tl.where(top == float("-inf"), 0.0, top)
