@@ -22,20 +22,7 @@ def attention_partial(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_pt
     d = tl.arange(0, D)
     keys = s * CHUNK + tl.arange(0, CHUNK)
     row_ok = rows < rows_n
-    key_ok = keys <= pos + n_tokens - 1
-    # The slots before pos hold earlier forwards' keys and values: every forward begins with kernels launched
-    # without PDL (the embedding's row, the position's fill), which start once all work before them has finished,
-    # so those slots are written before this kernel starts, and with PDL they are loaded before the wait, while the
-    # q/k/v kernel still runs. This forward's own slots, pos.., which that kernel writes, are loaded after it.
-    at = h * stride_kh + keys[:, None] * D + d[None, :]
-    earlier = (keys < pos)[:, None]
-    k = tl.load(k_ptr + at, mask=earlier, other=0.0)
-    v = tl.load(v_ptr + at, mask=earlier, other=0.0)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    new = (key_ok & (keys >= pos))[:, None]
-    k = tl.where(new, tl.load(k_ptr + at, mask=new, other=0.0), k)
-    v = tl.where(new, tl.load(v_ptr + at, mask=new, other=0.0), v)
+    k, v = chunk_kv(k_ptr, v_ptr, h, stride_kh, keys, pos, pos + n_tokens, D, PDL)
     q = tl.load(q_ptr + h * stride_qh + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [ROWS, CHUNK], fp32
     allowed = visible(keys, rows, row_ok, pos, n_tokens, tree_ptr, TREE)
@@ -79,18 +66,8 @@ def attention_parts(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_ptr,
     each = tl.cdiv(chunks, parts)
     first = s * each
     end = tl.minimum(first + each, chunks)  # first >= end: a part past the text (it sees no key)
-    # The first chunk's slots before pos, written by earlier forwards, are loaded before the PDL wait (as in
-    # attention_partial); this forward's own slots and the later chunks after it.
     keys = first * CHUNK + tl.arange(0, CHUNK)
-    at = h * stride_kh + keys[:, None] * D + d[None, :]
-    earlier = (keys < pos)[:, None]
-    k = tl.load(k_ptr + at, mask=earlier, other=0.0)
-    v = tl.load(v_ptr + at, mask=earlier, other=0.0)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    new = ((keys >= pos) & (keys < limit))[:, None]
-    k = tl.where(new, tl.load(k_ptr + at, mask=new, other=0.0), k)
-    v = tl.where(new, tl.load(v_ptr + at, mask=new, other=0.0), v)
+    k, v = chunk_kv(k_ptr, v_ptr, h, stride_kh, keys, pos, limit, D, PDL)  # (the later chunks: after the wait)
     q = tl.load(q_ptr + h * stride_qh + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
     m = tl.full([ROWS], float("-inf"), tl.float32)
     l = tl.zeros([ROWS], tl.float32)
@@ -118,6 +95,27 @@ def attention_parts(q_ptr, k_ptr, v_ptr, pos_ptr, tree_ptr, o_ptr, m_ptr, l_ptr,
             for i in tl.static_range(ROWS // RB):
                 combine_rows(o_ptr, m_ptr, l_ptr, out_ptr, h, b * ROWS + i * RB, rows_n, parts, D, RSTRIDE, SPLITS,
                              RB)
+
+
+@triton.jit
+def chunk_kv(k_ptr, v_ptr, h, stride_kh, keys, pos, limit, D: tl.constexpr, PDL: tl.constexpr):
+    """Head h's cached keys and values at `keys` [CHUNK, D], zeros at or past `limit`; with PDL, the kernel waits
+    here for the one launched before it. The slots before pos hold earlier forwards' keys and values: every forward
+    begins with kernels launched without PDL (the embedding's row, the position's fill), which start once all work
+    before them has finished, so those slots are written before this kernel starts, and they are loaded before the
+    wait, while the q/k/v kernel still runs. This forward's own slots, pos.., which that kernel writes, are loaded
+    after it."""
+    d = tl.arange(0, D)
+    at = h * stride_kh + keys[:, None] * D + d[None, :]
+    earlier = (keys < pos)[:, None]
+    k = tl.load(k_ptr + at, mask=earlier, other=0.0)
+    v = tl.load(v_ptr + at, mask=earlier, other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    new = ((keys >= pos) & (keys < limit))[:, None]
+    k = tl.where(new, tl.load(k_ptr + at, mask=new, other=0.0), k)
+    v = tl.where(new, tl.load(v_ptr + at, mask=new, other=0.0), v)
+    return k, v
 
 
 @triton.jit
