@@ -841,6 +841,15 @@ def test_quantized_fused_step_matches_the_weights_it_stands_for(arch, scheme):
             assert error <= 2 * walk(plain_fused, stack) + 0.0625, (scheme, error)
 
 
+@pytest.mark.parametrize("rows", ["24", "8"])
+def test_attention_rows_a_program_must_fill_a_tile(rows):
+    """SPARK_SPEC_PART_ROWS names the one-kernel attention's rows a program: a tile's, so a power of two of at least
+    16 (or 0, off); anything else is refused when the module loads, not left for Triton to fail on a GPU."""
+    run = subprocess.run([sys.executable, "-c", "import spec.models.kernels"], capture_output=True, text=True,
+                         env=dict(os.environ, SPARK_SPEC_PART_ROWS=rows), cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode != 0 and f"SPARK_SPEC_PART_ROWS={rows}: 0 (off) or a power of two" in run.stderr
+
+
 def test_kernel_tiles_table_and_rule(tmp_path, monkeypatch):
     """Tuned tiles come from the GPU's file first, then the shipped table; other shapes get a rule that keeps a few
     hundred programs; the tuner only proposes tiles whose sizes divide evenly and fit the registers."""

@@ -239,6 +239,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 # 8B's 32 / 64-node trees (128 / 256 rows) from 6.51 / 7.06 to 6.62 / 7.10, and 64 rows a program lost everywhere.
 # Forwards of 2-4 tokens of the 8B (8-16 rows) were not measured and keep the two kernels.
 PART_ROWS = int(os.environ.get("SPARK_SPEC_PART_ROWS", "16"))
+if PART_ROWS and (PART_ROWS < 16 or PART_ROWS & (PART_ROWS - 1)):
+    raise ValueError(f"SPARK_SPEC_PART_ROWS={PART_ROWS}: 0 (off) or a power of two of at least 16 (a tile's rows)")
 PART_RANGE = (17, 64)
 PART_CHUNK = 32  # cached positions a step of its running softmax takes
 
