@@ -225,11 +225,11 @@ for rows, n, tree in ((300, 75, None), (160, 40, torch.tensor(kernels.tree_mask(
 # A verify's rows in one kernel (kernels.PART_ROWS), here for every row count: a program's running softmax over a
 # run of chunks, the block's last program combining the runs; as many runs as the rule gives, and one (no partial
 # sums: the program finishes). A span shorter than the text: slots past it are not read.
-parts_rule, part_range, part_rows_rule = kernels.attention_parts, kernels.PART_RANGE, kernels.PART_ROWS
+parts_rule, part_range, part_rows_rule = kernels.part_layout, kernels.PART_RANGE, kernels.PART_ROWS
 kernels.PART_RANGE = (1, kernels.MAX_ROWS * kernels.MAX_ROW_BLOCKS)
 for part_rows, parts in ((16, None), (64, None), (16, 1)):
     kernels.PART_ROWS = part_rows
-    kernels.attention_parts = lambda *a, parts=parts: (parts or parts_rule(*a)[0], parts_rule(*a)[1])
+    kernels.part_layout = lambda *a, parts=parts: (parts or parts_rule(*a)[0], parts_rule(*a)[1])
     for rows, n, pos, span, dim, tree in ((36, 9, 700, 768, 64, None), (64, 16, 300, 512, 128, None),
                                           (16, 4, 255, 256, 128, None),
                                           (160, 40, 100, 256, 32, torch.tensor(kernels.tree_mask(seen, 100, 140)))):
@@ -242,7 +242,7 @@ for part_rows, parts in ((16, None), (64, None), (16, 1)):
         v[:, min(pos + n, span):] = float("nan")  # nothing reads them
         with nan_scratch():
             assert torch.equal(kernels.decode_attention(q, k, v, position, span, n, 0.1, tree=tree), got), (rows, parts)
-kernels.PART_ROWS, kernels.PART_RANGE, kernels.attention_parts = part_rows_rule, part_range, parts_rule
+kernels.PART_ROWS, kernels.PART_RANGE, kernels.part_layout = part_rows_rule, part_range, parts_rule
 print("ok")
 """
 

@@ -245,15 +245,15 @@ PART_RANGE = (17, 64)
 PART_CHUNK = 32  # cached positions a step of its running softmax takes
 
 
-def attention_parts(rows_n: int, rows: int, dim: int, heads: int, chunks: int, device: torch.device) -> tuple[int, int]:
+def part_layout(rows_n: int, rows: int, dim: int, heads: int, chunks: int, device: torch.device) -> tuple[int, int]:
     """How `_attention_in_parts` deals a head's text out: (parts, combine rows). Enough parts that the programs (heads
     x row blocks x parts) fill the multiprocessors, as many as the chunks, and few enough that the last program's
     combine holds at most ONE_PASS_ELEMENTS partial sums at a time (its rows, in steps of up to 16, x the parts x the
     head size)."""
     blocks = -(-rows_n // rows)
-    combine_rows = min(rows, 16, _pow2(rows_n))
+    combine_rows = min(16, _pow2(rows_n))  # (rows, a power of two of at least 16, is a multiple of it)
     most = 1 << max(0, (ONE_PASS_ELEMENTS // (combine_rows * dim)).bit_length() - 1)
-    sms = _multiprocessors(device) or 132
+    sms = _multiprocessors(device) or 132  # (no GPU: Triton's interpreter; an H100's / H200's count)
     return max(1, min(sms // (heads * blocks), most, chunks)), combine_rows
 
 
@@ -264,7 +264,7 @@ def _attention_in_parts(q, k_cache, v_cache, pos, span, n_tokens, scale, pdl, tr
     heads, rows_n, dim = q.shape
     rows = max(16, min(PART_ROWS, _pow2(rows_n)))
     blocks = -(-rows_n // rows)
-    parts, combine_rows = attention_parts(rows_n, rows, dim, heads, -(-span // PART_CHUNK), q.device)
+    parts, combine_rows = part_layout(rows_n, rows, dim, heads, -(-span // PART_CHUNK), q.device)
     o = torch.empty((heads, parts, rows * blocks, dim), dtype=torch.float32, device=q.device)
     m = torch.empty((heads, parts, rows * blocks), dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
