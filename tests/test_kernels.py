@@ -455,6 +455,111 @@ def test_row_scaled_few_token_products_on_a_gpu():
     check_row_scaled_few_products("cuda", ("int8", "fp8") if fp8_device(torch.device("cuda")) else ("int8",))
 
 
+def check_rope_in_product(device: str, dtypes=(torch.float32, torch.float16, torch.bfloat16)) -> None:
+    """The 2-64-token q/k/v product with its rotary embedding in its epilogue (`kernels.ROPE_IN_PRODUCT`,
+    `qkv_rows`) and after it (`rope_rows`): every weight format, with and without biases and RMSNorm, programs of a
+    quarter head up to four heads (and a last one half empty), split over the inputs and not, 5-64 tokens.
+    - Against PyTorch: the product (float64, rounded as the kernels round), bias, rotary embedding, q head-major and
+      k / v in the caches at pos + m. The weights are eighths, the inputs and norm weights small integers, so every
+      sum is exact in fp32 in any order (int8's row scale is applied after it); what is left is the norm's rsqrt,
+      an ulp of fp32 apart, at most an ulp of the dtype in y, whose rotary terms then move by at most
+      4 eps (|ya| + |yb|). A pair routed to the wrong row, half, head or slot is off by about |y|.
+    - The two paths against each other, bit for bit (exact sums: any order gives the same y).
+    - Nothing else written: q fully, the caches only at pos..pos + M - 1 (the rest stays NaN)."""
+    from spec.models import kernels
+    from spec.models.quant import pack_for_kernels
+
+    cases = ((4, 2, 32, 256, 5, True, True, "none", (32, 64, 4, 2), 0),  # a head a program
+             (4, 2, 32, 256, 9, False, True, "none", (64, 64, 4, 2), 132),  # two heads, split over the inputs
+             (2, 1, 64, 128, 16, True, False, "int8", (16, 64, 4, 2), 132),  # a quarter head
+             (3, 1, 16, 256, 33, True, True, "none", (64, 64, 4, 2), 0),  # four heads; the last block half empty
+             (2, 2, 32, 256, 64, True, True, "int4", (32, 64, 4, 2), 132))
+    rule, sms_rule, plain_rule = kernels.ROPE_IN_PRODUCT, kernels._multiprocessors, kernels.LIBRARY_PLAIN
+    kernels.LIBRARY_PLAIN = None  # our kernels at every width
+    try:
+        for dtype in dtypes:
+            for heads, kv, dim, k, tokens, bias, norm, scheme, config, sms in cases:
+                kernels._multiprocessors = lambda device, sms=sms: sms
+                gen = torch.Generator().manual_seed(tokens)
+                rows, cap, pos = (heads + 2 * kv) * dim, 96, 17
+                w = (torch.randint(-8, 8, (rows, k), generator=gen) / 8).to(device)
+                weight = w.to(dtype) if scheme == "none" else pack_for_kernels(w, scheme)
+                if scheme == "int4":  # eighths again: (q - 8) / 8 + 1 / 4
+                    weight.scales.fill_(0.125)
+                    weight.zeros.fill_(0.25)
+                if scheme == "int8":  # codes times their row's scale, exact in float64
+                    w = weight.codes.double().cpu() * weight.scales.double().cpu()[:, None]
+                else:
+                    w = (w if scheme == "none" else weight.dequantize()).double().cpu()
+                b = (torch.randint(-8, 8, (rows,), generator=gen) / 8).to(dtype) if bias else None
+                h = torch.randint(-4, 5, (tokens, k), generator=gen).to(dtype)
+                g = torch.randint(1, 3, (k,), generator=gen).to(dtype)
+                angle = torch.arange(cap)[:, None] * torch.rand(dim // 2, generator=gen)[None, :]
+                cos, sin = (torch.cat([f(angle)] * 2, 1).to(dtype) for f in (torch.cos, torch.sin))
+                outs = []
+                for fused in (False, True):
+                    kernels.ROPE_IN_PRODUCT = fused
+                    q = torch.full((heads, tokens, dim), float("nan"), dtype=dtype, device=device)
+                    kc, vc = (torch.full((kv, cap, dim), float("nan"), dtype=dtype, device=device) for _ in "kv")
+                    on = [t if t is None else t.to(device) for t in (h, g, b, cos, sin)]
+                    kernels.qkv_rope(on[0], on[1] if norm else None, 1e-6, weight, on[2], on[3], on[4],
+                                     torch.tensor(pos, device=device), q, kc, vc, heads, kv, config=config,
+                                     normed=None if norm else on[0])
+                    outs.append([t.cpu() for t in (q, kc, vc)])
+                # the reference: y [tokens, rows] as the kernels make it, then q / k / v, each [heads, tokens, dim]
+                x = h.double() * g.double() if norm else h.double()
+                y = x @ w.t()
+                if norm:
+                    y = y * torch.rsqrt(h.double().pow(2).mean(1, keepdim=True) + 1e-6)
+                y = y.float() + (b.float() if bias else 0.0)
+                y = y.to(dtype).float().view(tokens, heads + 2 * kv, 2, dim // 2).transpose(0, 1)
+                ya, yb = y[:, :, 0], y[:, :, 1]
+                c, s_ = (t[pos: pos + tokens].float().view(tokens, 2, dim // 2) for t in (cos, sin))
+
+                def rounded(t, dtype=dtype):
+                    return t.to(dtype).float()
+
+                rot = torch.cat([rounded(rounded(ya * c[:, 0]) + rounded(-yb * s_[:, 0])),
+                                 rounded(rounded(yb * c[:, 1]) + rounded(ya * s_[:, 1]))], -1)
+                want = torch.cat([rot[: heads + kv], torch.cat([ya, yb], -1)[heads + kv:]])
+                bound = 4 * torch.finfo(dtype).eps * (ya.abs() + yb.abs()).repeat(1, 1, 2) + 1e-30
+                label = (str(dtype), heads, kv, dim, tokens, scheme)
+                for q, kc, vc in outs:
+                    got = torch.cat([q, kc[:, pos: pos + tokens], vc[:, pos: pos + tokens]]).float()
+                    assert ((got - want).abs() <= bound).all(), (label, float((got - want).abs().max()))
+                    for cache in (kc, vc):
+                        assert cache[:, :pos].isnan().all() and cache[:, pos + tokens:].isnan().all(), label
+                for apart, fused in zip(*outs, strict=True):
+                    assert torch.equal(apart.nan_to_num(), fused.nan_to_num()), label
+    finally:
+        kernels.ROPE_IN_PRODUCT, kernels._multiprocessors, kernels.LIBRARY_PLAIN = rule, sms_rule, plain_rule
+
+
+INTERPRETED_ROPE_IN_PRODUCT = """
+import sys
+sys.path.insert(0, "tests")
+import torch
+from test_kernels import check_rope_in_product
+check_rope_in_product("cpu", (torch.float32, torch.float16))  # (the interpreter has no bf16 arithmetic)
+print("ok")
+"""
+
+
+def test_rope_in_the_qkv_product_in_tritons_interpreter():
+    """`check_rope_in_product` in Triton's interpreter: fp32 and fp16."""
+    run_interpreted(INTERPRETED_ROPE_IN_PRODUCT)
+
+
+@cuda
+def test_rope_in_the_qkv_product_on_a_gpu():
+    """The same on the GPU: fp32 (its CUDA-core sums), fp16 and bf16 (tensor cores)."""
+    from spec.models import kernels
+
+    if not kernels.available():
+        pytest.skip("needs Triton")
+    check_rope_in_product("cuda")
+
+
 INTERPRETED_INT4_PRODUCTS = """
 import sys
 sys.path.insert(0, "tests")

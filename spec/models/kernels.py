@@ -681,6 +681,13 @@ def packed_columns(block_k: int, k: int, quant: int) -> int:
     return min(block_k * {0: 1, 1: 2, 2: 4}[quant], max(block_k, _pow2(k)))
 
 
+# Whether a 2-64-token q/k/v product in the tensor-core kernels does its rotary embedding in its own epilogue
+# (`qkv_rows`, one kernel) rather than in `rope_rows` after it (two kernels and the product's fp32 rows between them):
+# the same numbers, bit for bit. rope_rows took 1.8 µs a layer on an H100 (benchmarks/h100/session25/). Off until
+# measured in a whole forward; SPARK_SPEC_ROPE_IN_PRODUCT=1 turns it on.
+ROPE_IN_PRODUCT = os.environ.get("SPARK_SPEC_ROPE_IN_PRODUCT", "0") == "1"
+
+
 def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_cache, v_cache,
              heads: int, kv_heads: int, config: tuple[int, ...] | None = None, pdl: bool = False,
              normed: torch.Tensor | None = None) -> None:
@@ -705,12 +712,21 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
     # the bias, rounding and rotary embedding. (A product of 6144 rows in programs that own whole heads' rotary
     # pairs has too few programs to keep an H200's memory busy: 30 µs for the 8B's q/k/v, against 16 for cuBLAS;
     # this split takes 16.7 at 9 tokens, benchmarks/h200/tune_kernels-qkv-rows.json.) The library's product is
-    # read as it wrote it, in x's dtype.
+    # read as it wrote it, in x's dtype. With ROPE_IN_PRODUCT the tensor-core product does the rotary embedding
+    # itself (`qkv_rows`: its programs hold rotary pairs, as many programs as rows / tile), the same arithmetic.
     x, norm_weight = (h, norm_weight) if normed is None else (normed, None)
+    rows = w_qkv.shape[0]
     if library_product(w_qkv, tokens) and LIBRARY_FUSED:
         y = library_mm(x, w_qkv, norm_weight, eps, pdl=pdl)
+    elif ROPE_IN_PRODUCT and not library_product(w_qkv, tokens) and not few_tokens(tokens, _scheme(w_qkv)):
+        config, grid, scratch, span, tiles = rows_layout(x, w_qkv, rows, k, tokens, config, RAW)
+        _launch(_triton().qkv_rows, grid, config, pdl, x, x if norm_weight is None else norm_weight, eps,
+                *operands, bias, cos, sin, pos, q_out, k_cache, v_cache, *scratch, tokens, rows, k, span,
+                k_cache.stride(0), HEADS=heads, KV=kv_heads, D=dim, HAS_BIAS=b_qkv is not None,
+                NORM=norm_weight is not None, **tiles, **quant)
+        return
     else:
-        y = torch.empty((tokens, w_qkv.shape[0]), dtype=torch.float32, device=h.device)
+        y = torch.empty((tokens, rows), dtype=torch.float32, device=h.device)
         gemv(x, w_qkv, y, RAW, norm_weight, eps, config, pdl=pdl)
     _launch(_triton().rope_rows, (heads + 2 * kv_heads,), (0, 0, 4), pdl, y, bias, cos, sin, pos, q_out, k_cache,
             v_cache, tokens, k_cache.stride(0), y.shape[1], HEADS=heads, KV=kv_heads, D=dim,
@@ -756,24 +772,35 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
         _launch(_triton().gemv_few, grid, config, pdl, *args, tokens, n, k, **constexprs, XD=head_major,
                 MT=_pow2(tokens))
     else:
-        mp = tile_tokens(tokens)
-        config = fit_shared_memory(config, x.element_size(), 2 if epilogue == SILU_MUL else 1, mp)
-        # int4 tiles: whole groups (a product's inner size, half the tile, at least 16), at most 128 inputs (the
-        # de-quantised halves sit in registers beside the codes)
-        block_k = min(max(config[1], quant["G"]), 128) if quant["QUANT"] == 2 else config[1]
-        constexprs.update(BN=config[0], BLOCK_K=block_k)
-        blocks = -(-n // config[0])
-        tiles = -(-k // block_k)
-        split = split_eligible(mp, _scheme(weight), blocks, x.device)
-        splits = input_splits(blocks, tiles, x.device) if split else 1
-        span = -(-tiles // splits) * block_k  # inputs a split: whole tiles
-        if splits > 1:
-            parts = torch.empty(blocks * splits * (2 * config[0] + 1) * mp, dtype=torch.float32, device=x.device)
-            counts = _counters(x.device, _multiprocessors(x.device))  # blocks < multiprocessors (input_splits)
-        else:
-            parts = counts = out  # not read
-        _launch(_triton().gemv_rows, (blocks, splits), config, pdl, *args, parts, counts, tokens, n, k, span,
-                **constexprs, XD=head_major, MP=mp, PRECISION=_precision(x), SPLITS=splits)
+        config, grid, scratch, span, tiles = rows_layout(x, weight, n, k, tokens, config, epilogue)
+        constexprs.update(tiles)
+        _launch(_triton().gemv_rows, grid, config, pdl, *args, *scratch, tokens, n, k, span, **constexprs,
+                XD=head_major)
+
+
+def rows_layout(x, weight, n: int, k: int, tokens: int, config: tuple[int, ...], epilogue: int):
+    """How a product of n rows over `tokens` (2-64) tokens runs in the tensor-core kernels (`gemv_rows`,
+    `qkv_rows`): its config (pipeline buffers fit in shared memory), grid (row blocks, input splits), the split
+    sums' scratch (partial sums and counters; x where unsplit: not read), the inputs a split takes, and the tile's
+    constexprs."""
+    mp = tile_tokens(tokens)
+    quant = weight_operands(weight)[1]
+    config = fit_shared_memory(config, x.element_size(), 2 if epilogue == SILU_MUL else 1, mp)
+    # int4 tiles: whole groups (a product's inner size, half the tile, at least 16), at most 128 inputs (the
+    # de-quantised halves sit in registers beside the codes)
+    block_k = min(max(config[1], quant["G"]), 128) if quant["QUANT"] == 2 else config[1]
+    blocks = -(-n // config[0])
+    tiles = -(-k // block_k)
+    split = split_eligible(mp, _scheme(weight), blocks, x.device)
+    splits = input_splits(blocks, tiles, x.device) if split else 1
+    if splits > 1:
+        parts = torch.empty(blocks * splits * (2 * config[0] + 1) * mp, dtype=torch.float32, device=x.device)
+        scratch = (parts, _counters(x.device, _multiprocessors(x.device)))  # blocks < multiprocessors (input_splits)
+    else:
+        scratch = (x, x)
+    span = -(-tiles // splits) * block_k  # inputs a split: whole tiles
+    return config, (blocks, splits), scratch, span, dict(BN=config[0], BLOCK_K=block_k, MP=mp,
+                                                         PRECISION=_precision(x), SPLITS=splits)
 
 
 

@@ -466,15 +466,12 @@ def store_epilogue(out, ok, y, up, like_ptr, EPILOGUE: tl.constexpr):
 
 @triton.jit
 def rotary(ya, yb, ca, cb, sa, sb, rotate, like_ptr):
-    """A head's two halves, rounded to like_ptr's dtype: for q and k (`rotate`) x * cos + rotate_half(x) * sin, each
-    term rounded as transformers rounds it; for v as they are."""
+    """A head's two halves, rounded to like_ptr's dtype: for q and k (`rotate`: a program's, or each row's)
+    x * cos + rotate_half(x) * sin, each term rounded as transformers rounds it; for v as they are."""
     dtype = like_ptr.dtype.element_ty
-    out_a = ya.to(dtype)
-    out_b = yb.to(dtype)
-    if rotate:
-        out_a = ((ya * ca).to(dtype).to(tl.float32) + (-yb * sa).to(dtype).to(tl.float32)).to(dtype)
-        out_b = ((yb * cb).to(dtype).to(tl.float32) + (ya * sb).to(dtype).to(tl.float32)).to(dtype)
-    return out_a, out_b
+    out_a = ((ya * ca).to(dtype).to(tl.float32) + (-yb * sa).to(dtype).to(tl.float32)).to(dtype)
+    out_b = ((yb * cb).to(dtype).to(tl.float32) + (ya * sb).to(dtype).to(tl.float32)).to(dtype)
+    return tl.where(rotate, out_a, ya.to(dtype)), tl.where(rotate, out_b, yb.to(dtype))
 
 
 @triton.jit
@@ -790,6 +787,24 @@ def gemv_rows(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_
     rm = rows < N
     ms = tl.arange(0, MP)
     mm = ms < M
+    acc, acc_up, sq, rw, ru = rows_sums(x_ptr, nw_ptr, w_ptr, s_ptr, z_ptr, rows, rm, ms, mm, M, N, K, KSPAN, NORM,
+                                        EPILOGUE, XD, BN, BLOCK_K, MP, PDL, PRECISION, QUANT, G)
+    if SPLITS == 1:
+        rows_epilogue(out_ptr, acc, acc_up, sq, rw, ru, rows, rm, ms, mm, N, K, eps, x_ptr, NORM, EPILOGUE)
+    else:
+        acc, acc_up, sq, last = split_sums(part_ptr, count_ptr, acc, acc_up, sq, ms, EPILOGUE, BN, MP, SPLITS)
+        if last:
+            rows_epilogue(out_ptr, acc, acc_up, sq, rw, ru, rows, rm, ms, mm, N, K, eps, x_ptr, NORM, EPILOGUE)
+
+
+@triton.jit
+def rows_sums(x_ptr, nw_ptr, w_ptr, s_ptr, z_ptr, rows, rm, ms, mm, M, N, K, KSPAN, NORM: tl.constexpr,
+              EPILOGUE: tl.constexpr, XD: tl.constexpr, BN: tl.constexpr, BLOCK_K: tl.constexpr, MP: tl.constexpr,
+              PDL: tl.constexpr, PRECISION: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
+    """An M-token product's sums over this program's inputs (split s ways: the s-th part, KSPAN inputs) for the
+    weight rows `rows` (any rows: `qkv_rows` takes rotary pairs): [BN, MP] fp32 (and the up projection's, for
+    SILU_MUL), the inputs' sums of squares [MP] and the rows' scales; the first weight tile and the scales loaded
+    before the wait for the previous kernel."""
     ks = tl.arange(0, BLOCK_K)
     k_lo = tl.program_id(1) * KSPAN  # this program's inputs: k_lo..k_hi - 1 (all of them, unsplit)
     k_hi = tl.minimum(K, k_lo + KSPAN)
@@ -825,30 +840,35 @@ def gemv_rows(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_
             if EPILOGUE == 1:
                 u, us, uz = weight_tile(w_ptr, s_ptr, z_ptr, rows + N, rm, k0, K, BLOCK_K, QUANT, G)
                 acc_up = tl.dot(dot_operand(u, x_ptr, QUANT), x, acc_up, input_precision=PRECISION)
-    if SPLITS == 1:
-        rows_epilogue(out_ptr, acc, acc_up, sq, rw, ru, rows, rm, ms, mm, N, K, eps, x_ptr, NORM, EPILOGUE)
-    else:
-        # Split over the inputs (a product of few rows, whose row blocks alone would leave multiprocessors idle):
-        # each program stores its partial sums; the row block's last program to finish adds them up, in the
-        # splits' order (the same result whichever finishes last), and runs the epilogue.
-        block = tl.program_id(0)
-        cell = (block * SPLITS + tl.program_id(1)) * (2 * BN * MP + MP)  # [acc | acc_up | sq] of each program
-        at = tl.arange(0, BN)[:, None] * MP + ms[None, :]
-        tl.store(part_ptr + cell + at, acc)
-        if EPILOGUE == 1:
-            tl.store(part_ptr + cell + BN * MP + at, acc_up)
-        tl.store(part_ptr + cell + 2 * BN * MP + ms, sq)
-        if last_to_finish(count_ptr + block, SPLITS):
-            acc = tl.zeros([BN, MP], tl.float32)
-            acc_up = tl.zeros([BN, MP], tl.float32)
-            sq = tl.zeros([MP], tl.float32)
-            for j in tl.static_range(SPLITS):
-                cell = (block * SPLITS + j) * (2 * BN * MP + MP)
-                acc += tl.load(part_ptr + cell + at, cache_modifier=".cg")
-                if EPILOGUE == 1:
-                    acc_up += tl.load(part_ptr + cell + BN * MP + at, cache_modifier=".cg")
-                sq += tl.load(part_ptr + cell + 2 * BN * MP + ms, cache_modifier=".cg")
-            rows_epilogue(out_ptr, acc, acc_up, sq, rw, ru, rows, rm, ms, mm, N, K, eps, x_ptr, NORM, EPILOGUE)
+    return acc, acc_up, sq, rw, ru
+
+
+@triton.jit
+def split_sums(part_ptr, count_ptr, acc, acc_up, sq, ms, EPILOGUE: tl.constexpr, BN: tl.constexpr,
+               MP: tl.constexpr, SPLITS: tl.constexpr):
+    """A product split over its inputs (one of few rows, whose row blocks alone would leave multiprocessors idle):
+    each program stores its partial sums; the row block's last program to finish adds them up, in the splits'
+    order (the same result whichever finishes last). Returns the sums and whether this program is that last one
+    (the others' sums are their own part: not to be used)."""
+    block = tl.program_id(0)
+    cell = (block * SPLITS + tl.program_id(1)) * (2 * BN * MP + MP)  # [acc | acc_up | sq] of each program
+    at = tl.arange(0, BN)[:, None] * MP + ms[None, :]
+    tl.store(part_ptr + cell + at, acc)
+    if EPILOGUE == 1:
+        tl.store(part_ptr + cell + BN * MP + at, acc_up)
+    tl.store(part_ptr + cell + 2 * BN * MP + ms, sq)
+    last = last_to_finish(count_ptr + block, SPLITS)
+    if last:
+        acc = tl.zeros([BN, MP], tl.float32)
+        acc_up = tl.zeros([BN, MP], tl.float32)
+        sq = tl.zeros([MP], tl.float32)
+        for j in tl.static_range(SPLITS):
+            cell = (block * SPLITS + j) * (2 * BN * MP + MP)
+            acc += tl.load(part_ptr + cell + at, cache_modifier=".cg")
+            if EPILOGUE == 1:
+                acc_up += tl.load(part_ptr + cell + BN * MP + at, cache_modifier=".cg")
+            sq += tl.load(part_ptr + cell + 2 * BN * MP + ms, cache_modifier=".cg")
+    return acc, acc_up, sq, last
 
 
 @triton.jit
@@ -871,40 +891,101 @@ def rope_rows(y_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, M,
     """The q/k/v product's epilogue for M tokens, one program a head: y [M, (HEADS + 2 KV) * D] (rows y_stride
     apart; fp32 from `gemv_rows`, RMSNorm's scale applied, or the library's product in x's dtype) + bias, rounded;
     rotary embedding on q and k; q out head-major [HEADS, M, D], k and v into the caches at pos + m. The same
-    arithmetic as qkv_rope's epilogue."""
+    arithmetic as qkv_rope's epilogue, and as `qkv_rows`, which has it in the product."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     head = tl.program_id(0)  # q heads, then k heads, then v heads
     j = tl.arange(0, D // 2)
     ms = tl.arange(0, MP)
-    mm = ms < M
-    pos = tl.load(pos_ptr) + ms  # each token's position [MP]
-    table = pos[None, :] * D + j[:, None]  # [D / 2, MP]
-    ok = (j >= 0)[:, None] & mm[None, :]
+    ok = (j >= 0)[:, None] & (ms < M)[None, :]
+    table = (tl.load(pos_ptr) + ms)[None, :] * D + j[:, None]  # each token's position's rotary row [D / 2, MP]
+    ca, cb, sa, sb, ba, bb = rope_operands(b_ptr, cos_ptr, sin_ptr, table, head, j, j >= 0, ok, D, HAS_BIAS)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    y = y_ptr + ms[None, :] * y_stride + head * D + j[:, None]
+    rope_epilogue(tl.load(y, mask=ok, other=0.0), tl.load(y + D // 2, mask=ok, other=0.0), ca, cb, sa, sb, ba, bb,
+                  head, j, ok, ms, table, q_ptr, kc_ptr, vc_ptr, M, kv_stride, HEADS, KV, D)
+
+
+@triton.jit
+def rope_operands(b_ptr, cos_ptr, sin_ptr, table, head, j, rok, ok, D: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """For rotary pairs (dimension j and j + D / 2 of head `head`, [R] each or a scalar head; those of `rok`) and
+    their tokens' rows of the rotary tables `table` ((pos + m) D + j, [R, MP]): the tables' cos and sin, fp32, and
+    the biases [R] (zeros without). All written before a step starts: loaded before the wait for the previous
+    kernel."""
     ca = tl.load(cos_ptr + table, mask=ok, other=0.0).to(tl.float32)
     cb = tl.load(cos_ptr + table + D // 2, mask=ok, other=0.0).to(tl.float32)
     sa = tl.load(sin_ptr + table, mask=ok, other=0.0).to(tl.float32)
     sb = tl.load(sin_ptr + table + D // 2, mask=ok, other=0.0).to(tl.float32)
-    ba = tl.zeros([D // 2], tl.float32)
-    bb = tl.zeros([D // 2], tl.float32)
+    ba = tl.zeros(j.shape, tl.float32)
+    bb = tl.zeros(j.shape, tl.float32)
     if HAS_BIAS:
-        ba = tl.load(b_ptr + head * D + j).to(tl.float32)
-        bb = tl.load(b_ptr + head * D + D // 2 + j).to(tl.float32)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    y = y_ptr + ms[None, :] * y_stride + head * D + j[:, None]
+        ba = tl.load(b_ptr + head * D + j, mask=rok, other=0.0).to(tl.float32)
+        bb = tl.load(b_ptr + head * D + D // 2 + j, mask=rok, other=0.0).to(tl.float32)
+    return ca, cb, sa, sb, ba, bb
+
+
+@triton.jit
+def rope_epilogue(ya, yb, ca, cb, sa, sb, ba, bb, head, j, ok, ms, table, q_ptr, kc_ptr, vc_ptr, M, kv_stride,
+                  HEADS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr):
+    """The products ya, yb [R, MP] of rotary pairs (dimensions j and j + D / 2 of head `head`: [R] each, or a
+    scalar head) + bias, rounded to the model's dtype (q_ptr's), rotary embedding on q and k; stored where
+    `ok`: q head-major [HEADS, M, D] (the layout the attention reads), k and v into the caches at pos + m."""
     dtype = q_ptr.dtype.element_ty
-    ya = (tl.load(y, mask=ok, other=0.0) + ba[:, None]).to(dtype).to(tl.float32)
-    yb = (tl.load(y + D // 2, mask=ok, other=0.0) + bb[:, None]).to(dtype).to(tl.float32)
-    out_a, out_b = rotary(ya, yb, ca, cb, sa, sb, head < HEADS + KV, q_ptr)
-    if head < HEADS:  # q is head-major [HEADS, M, D], the layout the attention reads
-        base = q_ptr + (head * M + ms[None, :]) * D + j[:, None]
-    elif head < HEADS + KV:
-        base = kc_ptr + (head - HEADS) * kv_stride + table
-    else:
-        base = vc_ptr + (head - HEADS - KV) * kv_stride + table
-    tl.store(base, out_a, mask=ok)
-    tl.store(base + D // 2, out_b, mask=ok)
+    head2 = (head + tl.zeros(j.shape, tl.int32))[:, None]  # [R, 1], from a scalar head too
+    ya = (ya + ba[:, None]).to(dtype).to(tl.float32)
+    yb = (yb + bb[:, None]).to(dtype).to(tl.float32)
+    out_a, out_b = rotary(ya, yb, ca, cb, sa, sb, head2 < HEADS + KV, q_ptr)
+    q = q_ptr + (head2 * M + ms[None, :]) * D + j[:, None]
+    k = kc_ptr + (head2 - HEADS) * kv_stride + table
+    v = vc_ptr + (head2 - HEADS - KV) * kv_stride + table
+    is_q = ok & (head2 < HEADS)
+    is_k = ok & (head2 >= HEADS) & (head2 < HEADS + KV)
+    is_v = ok & (head2 >= HEADS + KV)
+    tl.store(q, out_a, mask=is_q)
+    tl.store(q + D // 2, out_b, mask=is_q)
+    tl.store(k, out_a, mask=is_k)
+    tl.store(k + D // 2, out_b, mask=is_k)
+    tl.store(v, out_a, mask=is_v)
+    tl.store(v + D // 2, out_b, mask=is_v)
+
+
+@triton.jit
+def qkv_rows(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr,
+             part_ptr, count_ptr, M, N, K, KSPAN, kv_stride, HEADS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr,
+             HAS_BIAS: tl.constexpr, NORM: tl.constexpr, BN: tl.constexpr, BLOCK_K: tl.constexpr, MP: tl.constexpr,
+             PDL: tl.constexpr, PRECISION: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr,
+             SPLITS: tl.constexpr):
+    """The q/k/v product of M tokens (`gemv_rows`' sums, RAW) with `rope_rows`' epilogue in it, the same arithmetic
+    in one kernel: a program's BN weight rows are BN / 2 rotary pairs, numbered across heads (pair p: dimension
+    p % (D / 2) of head p // (D / 2)), their first halves' rows, then their partners D / 2 rows further."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    BH: tl.constexpr = BN // 2
+    i = tl.arange(0, BN)
+    pair = tl.program_id(0) * BH + i % BH
+    rows = (pair // (D // 2)) * D + pair % (D // 2) + (i // BH) * (D // 2)
+    rm = pair < N // 2
+    ms = tl.arange(0, MP)
+    mm = ms < M
+    p = tl.program_id(0) * BH + tl.arange(0, BH)  # the pairs again, a row each: the epilogue's
+    head = p // (D // 2)
+    j = p % (D // 2)
+    ok = (p < N // 2)[:, None] & mm[None, :]
+    table = (tl.load(pos_ptr) + ms)[None, :] * D + j[:, None]  # each token's position's rotary row [BH, MP]
+    ca, cb, sa, sb, ba, bb = rope_operands(b_ptr, cos_ptr, sin_ptr, table, head, j, p < N // 2, ok, D, HAS_BIAS)
+    acc, _, sq, rw, _ = rows_sums(x_ptr, nw_ptr, w_ptr, s_ptr, z_ptr, rows, rm, ms, mm, M, N, K, KSPAN, NORM, 3, 0,
+                                  BN, BLOCK_K, MP, PDL, PRECISION, QUANT, G)
+    last = True
+    if SPLITS > 1:
+        acc, _, sq, last = split_sums(part_ptr, count_ptr, acc, acc, sq, ms, 3, BN, MP, SPLITS)
+    if last:
+        y = acc * rw[:, None]  # rows_epilogue's scaling, then its halves apart
+        if NORM:
+            y = y * tl.rsqrt(sq / K + eps)[None, :]
+        ya, yb = tl.split(tl.permute(tl.reshape(y, (2, BH, MP)), (1, 2, 0)))
+        rope_epilogue(ya, yb, ca, cb, sa, sb, ba, bb, head, j, ok, ms, table, q_ptr, kc_ptr, vc_ptr, M, kv_stride,
+                      HEADS, KV, D)
 
 
 # ---- around PyTorch's int4 kernel (tinygemm): a product of several tokens over int4 weights -----------------------
