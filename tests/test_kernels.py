@@ -1312,6 +1312,11 @@ def test_step_profile_names_each_kernel_by_product_and_counts_its_bytes(monkeypa
                                             "gemv_rows", "gemv_rows", "gemv_rows"] * 2, "gemv_rows"]
     assert label(rows, layers=2) == ["other", "other", *["qkv", "qkv", "attention", "attention", "o", "gate_up",
                                                          "down"] * 2, "head"]
+    # ... or with the rotary embedding in the q/k/v product's epilogue (`kernels.ROPE_IN_PRODUCT`) and the
+    # attention in one kernel
+    fused = ["elementwise", "indexSelect", *["qkv_rows", "attention_parts", "gemv_rows", "gemv_rows",
+                                             "gemv_rows"] * 2, "gemv_rows"]
+    assert label(fused, layers=2) == ["other", "other", *["qkv", "attention", "o", "gate_up", "down"] * 2, "head"]
     library = ["elementwise", "library_input", tinygemm, "rope_rows", "attention_partial",
                "library_input", tinygemm, "library_output", tinygemm, "library_output", tinygemm, "library_output",
                tinygemm, "rope_rows", "attention_partial",

@@ -85,8 +85,8 @@ def product_bytes(graph: GraphModel, context: int) -> dict[str, int]:
 
 def label(names: list[str], layers: int) -> list[str]:
     """Each kernel of consecutive forwards (in launch order) by product. Each product has one kernel that reads its
-    weights, four a layer (q/k/v, o, gate/up, down) and then the head's: ours (`qkv_rope`, `gemv`, `gemv_few`,
-    `gemv_rows`), PyTorch's int4 kernel (tinygemm) or cuBLAS's (`kernels.LIBRARY_PLAIN`; its split-K reduction
+    weights, four a layer (q/k/v, o, gate/up, down) and then the head's: ours (`qkv_rope`, `qkv_rows`, `gemv`,
+    `gemv_few`, `gemv_rows`), PyTorch's int4 kernel (tinygemm) or cuBLAS's (`kernels.LIBRARY_PLAIN`; its split-K reduction
     goes with it). The library's input kernel goes with the product after it, its epilogue and the rotary kernel of
     a forward of several tokens with the product before it."""
     def product(i: int) -> str:  # the i-th product of consecutive forwards
@@ -101,7 +101,7 @@ def label(names: list[str], layers: int) -> list[str]:
             after = None
         elif "splitk" in lower and after:  # cuBLAS's reduction of a split product
             out.append(after)
-        elif (name.startswith(("qkv_rope", "gemv")) or "tinygemm" in lower or "int4pack" in lower
+        elif (name.startswith(("qkv_rope", "qkv_rows", "gemv")) or "tinygemm" in lower or "int4pack" in lower
               or "gemm" in lower or "nvjet" in lower):
             after = product(products)
             out.append(after)
