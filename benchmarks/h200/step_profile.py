@@ -86,9 +86,9 @@ def product_bytes(graph: GraphModel, context: int) -> dict[str, int]:
 def label(names: list[str], layers: int) -> list[str]:
     """Each kernel of consecutive forwards (in launch order) by product. Each product has one kernel that reads its
     weights, four a layer (q/k/v, o, gate/up, down) and then the head's: ours (`qkv_rope`, `qkv_rows`, `gemv`,
-    `gemv_few`, `gemv_rows`), PyTorch's int4 kernel (tinygemm) or cuBLAS's (`kernels.LIBRARY_PLAIN`; its split-K reduction
-    goes with it). The library's input kernel goes with the product after it, its epilogue and the rotary kernel of
-    a forward of several tokens with the product before it."""
+    `gemv_few`, `gemv_rows`), PyTorch's int4 kernel (tinygemm) or cuBLAS's (`kernels.LIBRARY_PLAIN`; its split-K
+    reduction goes with it). The library's input kernel goes with the product after it, its epilogue and the rotary
+    kernel of a forward of several tokens with the product before it."""
     def product(i: int) -> str:  # the i-th product of consecutive forwards
         i %= 4 * layers + 1
         return "head" if i == 4 * layers else ("qkv", "o", "gate_up", "down")[i % 4]
