@@ -464,7 +464,8 @@ def check_rope_in_product(device: str, dtypes=(torch.float32, torch.float16, tor
       sum is exact in fp32 in any order (int8's row scale is applied after it); what is left is the norm's rsqrt,
       an ulp of fp32 apart, at most an ulp of the dtype in y, whose rotary terms then move by at most
       4 eps (|ya| + |yb|). A pair routed to the wrong row, half, head or slot is off by about |y|.
-    - The two paths against each other, bit for bit (exact sums: any order gives the same y).
+    - The two paths against each other, bit for bit (exact sums: any order gives the same y; the rotary's products
+      are multiplies the compiler cannot fuse into an add, `product_rn`).
     - Nothing else written: q fully, the caches only at pos..pos + M - 1 (the rest stays NaN)."""
     from spec.models import kernels
     from spec.models.quant import pack_for_kernels

@@ -465,12 +465,25 @@ def store_epilogue(out, ok, y, up, like_ptr, EPILOGUE: tl.constexpr):
 
 
 @triton.jit
+def product_rn(a, b):
+    """a * b in fp32, rounded, as a multiply of its own: left to itself the compiler contracts a product and the add
+    after it into one FMA, which skips the product's rounding (and, once the roundings to half precision around it
+    are folded, does it in half precision: fma.rn.f16x2, seen in sm_90's PTX), so two kernels with the same source
+    rounded differently."""
+    if _ASM:
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    return a * b
+
+
+@triton.jit
 def rotary(ya, yb, ca, cb, sa, sb, rotate, like_ptr):
     """A head's two halves, rounded to like_ptr's dtype: for q and k (`rotate`: a program's, or each row's)
-    x * cos + rotate_half(x) * sin, each term rounded as transformers rounds it; for v as they are."""
+    x * cos + rotate_half(x) * sin, each term rounded as transformers rounds it (`product_rn`: no FMA skips a
+    rounding); for v as they are."""
     dtype = like_ptr.dtype.element_ty
-    out_a = ((ya * ca).to(dtype).to(tl.float32) + (-yb * sa).to(dtype).to(tl.float32)).to(dtype)
-    out_b = ((yb * cb).to(dtype).to(tl.float32) + (ya * sb).to(dtype).to(tl.float32)).to(dtype)
+    out_a = (product_rn(ya, ca).to(dtype).to(tl.float32) + product_rn(-yb, sa).to(dtype).to(tl.float32)).to(dtype)
+    out_b = (product_rn(yb, cb).to(dtype).to(tl.float32) + product_rn(ya, sb).to(dtype).to(tl.float32)).to(dtype)
     return tl.where(rotate, out_a, ya.to(dtype)), tl.where(rotate, out_b, yb.to(dtype))
 
 
@@ -980,9 +993,9 @@ def qkv_rows(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
     if SPLITS > 1:
         acc, _, sq, last = split_sums(part_ptr, count_ptr, acc, acc, sq, ms, 3, BN, MP, SPLITS)
     if last:
-        y = acc * rw[:, None]  # rows_epilogue's scaling, then its halves apart
-        if NORM:
-            y = y * tl.rsqrt(sq / K + eps)[None, :]
+        y = acc * rw[:, None]  # rows_epilogue's scaling (rounded before the bias is added, as `rope_rows` reads
+        if NORM:  # it: no FMA), then its halves apart
+            y = product_rn(y, tl.rsqrt(sq / K + eps)[None, :])
         ya, yb = tl.split(tl.permute(tl.reshape(y, (2, BH, MP)), (1, 2, 0)))
         rope_epilogue(ya, yb, ca, cb, sa, sb, ba, bb, head, j, ok, ms, table, q_ptr, kc_ptr, vc_ptr, M, kv_stride,
                       HEADS, KV, D)
