@@ -4,6 +4,7 @@ kernels in Triton's interpreter (CPU), the tile table, and the clear errors wher
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -1355,3 +1356,42 @@ def test_kernel_mix_counts_the_loop_body_of_the_disassembly(monkeypatch):
     """
     assert loop_body(sass) == {"LDG": 1, "FFMA": 2, "BRA": 2, "LOP3": 1, "FADD": 1}
     assert loop_body("        /*0000*/                   EXIT ;") == {}
+
+
+def test_the_rotary_embedding_rounds_each_term_in_sm90s_ptx():
+    """The kernels that apply the rotary embedding (`rope_rows`, `qkv_rows`, the one-token `qkv_rope`), compiled for
+    an H100/H200 (sm_90) on any machine with Triton: their rotary products are multiplies of their own, rounded, so
+    that x cos + rotate_half(x) sin rounds each term as the source (and transformers) does. Left to itself the
+    compiler folded the roundings and contracted product and sum into one half-precision FMA (`fma.rn.bf16x2` in
+    `rope_rows`, session 27): no half-precision FMA may be left, and `rope_rows`, whose only arithmetic is the
+    rotary's, has no FMA at all."""
+    pytest.importorskip("triton")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from spec.models import triton_kernels as tk
+
+    def ptx(fn, signature: dict, constants: dict, warps: int = 4, stages: int = 1) -> str:
+        signature = {**signature, **{name: "constexpr" for name in constants}}
+        source = ASTSource(fn, signature, constants)
+        return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": stages}).asm["ptx"]
+
+    for dt in ("bf16", "fp16", "fp32"):
+        half = {name: f"*{dt}" for name in ("b_ptr", "cos_ptr", "sin_ptr", "q_ptr", "kc_ptr", "vc_ptr")}
+        rope = ptx(tk.rope_rows, {"y_ptr": "*fp32", **half, "pos_ptr": "*i64", "M": "i32", "kv_stride": "i32",
+                                  "y_stride": "i32"}, dict(HEADS=4, KV=2, D=32, HAS_BIAS=True, MP=16, PDL=False))
+        product = {"x_ptr": f"*{dt}", "nw_ptr": f"*{dt}", "eps": "fp32", "w_ptr": f"*{dt}", "s_ptr": f"*{dt}",
+                   "z_ptr": f"*{dt}"}
+        rows = ptx(tk.qkv_rows, {**product, **half, "pos_ptr": "*i64", "part_ptr": "*fp32", "count_ptr": "*i32",
+                                 "M": "i32", "N": "i32", "K": "i32", "KSPAN": "i32", "kv_stride": "i32"},
+                   dict(HEADS=4, KV=2, D=32, HAS_BIAS=True, NORM=True, BN=64, BLOCK_K=64, MP=16, PDL=False,
+                        PRECISION="ieee" if dt == "fp32" else "tf32", QUANT=0, G=32, SPLITS=2), stages=2)
+        one = ptx(tk.qkv_rope, {"h_ptr": f"*{dt}", **{k: v for k, v in product.items() if k != "x_ptr"}, **half,
+                                "pos_ptr": "*i64", "K": "i32", "kv_stride": "i32"},
+                  dict(HEADS=4, KV=2, D=32, HAS_BIAS=True, BH=2, BLOCK_K=64, PDL=False, QUANT=0, G=32))
+        for name, code in (("rope_rows", rope), ("qkv_rows", rows), ("qkv_rope", one)):
+            assert re.search(r"\bfma\.rn\.(b?f16)", code) is None, (dt, name)
+            assert "mul.rn.f32" in code, (dt, name)
+        assert re.search(r"\bfma\.", rope) is None, dt
