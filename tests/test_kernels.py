@@ -1364,7 +1364,9 @@ def test_the_rotary_embedding_rounds_each_term_in_sm90s_ptx():
     that x cos + rotate_half(x) sin rounds each term as the source (and transformers) does. Left to itself the
     compiler folded the roundings and contracted product and sum into one half-precision FMA (`fma.rn.bf16x2` in
     `rope_rows`, session 27): no half-precision FMA may be left, and `rope_rows`, whose only arithmetic is the
-    rotary's, has no FMA at all."""
+    rotary's, has no FMA at all. `qkv_rows` (with and without RMSNorm, over the model's weights and int8 codes, whose
+    row scale it multiplies by before the bias is added) has no FMA beyond those of `gemv_rows`' same main loop:
+    none in its epilogue, which `rope_rows` must match bit for bit."""
     pytest.importorskip("triton")
     import triton
     from triton.backends.compiler import GPUTarget
@@ -1384,10 +1386,15 @@ def test_the_rotary_embedding_rounds_each_term_in_sm90s_ptx():
                                   "y_stride": "i32"}, dict(HEADS=4, KV=2, D=32, HAS_BIAS=True, MP=16, PDL=False))
         product = {"x_ptr": f"*{dt}", "nw_ptr": f"*{dt}", "eps": "fp32", "w_ptr": f"*{dt}", "s_ptr": f"*{dt}",
                    "z_ptr": f"*{dt}"}
-        rows = ptx(tk.qkv_rows, {**product, **half, "pos_ptr": "*i64", "part_ptr": "*fp32", "count_ptr": "*i32",
-                                 "M": "i32", "N": "i32", "K": "i32", "KSPAN": "i32", "kv_stride": "i32"},
-                   dict(HEADS=4, KV=2, D=32, HAS_BIAS=True, NORM=True, BN=64, BLOCK_K=64, MP=16, PDL=False,
-                        PRECISION="ieee" if dt == "fp32" else "tf32", QUANT=0, G=32, SPLITS=2), stages=2)
+        scratch = {"part_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "KSPAN": "i32"}
+        for norm, codes in ((True, f"*{dt}"), (False, "*i8")):
+            tiles = dict(NORM=norm, BN=64, BLOCK_K=64, MP=16, PDL=False, QUANT=0 if norm else 1, G=32, SPLITS=2,
+                         PRECISION="ieee" if dt == "fp32" else "tf32")
+            rows = ptx(tk.qkv_rows, {**product, "w_ptr": codes, **half, "pos_ptr": "*i64", **scratch,
+                                     "kv_stride": "i32"}, dict(HEADS=4, KV=2, D=32, HAS_BIAS=True, **tiles), stages=2)
+            plain = ptx(tk.gemv_rows, {**product, "w_ptr": codes, "out_ptr": "*fp32", **scratch},
+                        dict(EPILOGUE=3, XD=0, **tiles), stages=2)
+            assert len(re.findall(r"\bfma\.", rows)) == len(re.findall(r"\bfma\.", plain)), (dt, norm)
         one = ptx(tk.qkv_rope, {"h_ptr": f"*{dt}", **{k: v for k, v in product.items() if k != "x_ptr"}, **half,
                                 "pos_ptr": "*i64", "K": "i32", "kv_stride": "i32"},
                   dict(HEADS=4, KV=2, D=32, HAS_BIAS=True, BH=2, BLOCK_K=64, PDL=False, QUANT=0, G=32))

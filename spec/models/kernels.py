@@ -682,9 +682,11 @@ def packed_columns(block_k: int, k: int, quant: int) -> int:
 
 
 # Whether a 2-64-token q/k/v product in the tensor-core kernels does its rotary embedding in its own epilogue
-# (`qkv_rows`, one kernel) rather than in `rope_rows` after it (two kernels and the product's fp32 rows between them):
-# the same numbers, bit for bit. rope_rows took 1.8 µs a layer on an H100 (benchmarks/h100/session25/). Off until
-# measured in a whole forward; SPARK_SPEC_ROPE_IN_PRODUCT=1 turns it on.
+# (`qkv_rows`, one kernel) rather than in `rope_rows` after it (two kernels and the product's fp32 rows between them),
+# meant to give the same numbers bit for bit: on an H100 (session 27, benchmarks/h100/session27/) the CUDA test found
+# them apart by the compiler's FMAs, since taken out (`triton_kernels.product_rn`), not yet re-run on a GPU. There it
+# took the 8B's 8 / 16-token verifies from 5.73 / 5.90 ms to 5.68 / 5.86 and left the 1B's as they were. Off until
+# that test passes; SPARK_SPEC_ROPE_IN_PRODUCT=1 turns it on.
 ROPE_IN_PRODUCT = os.environ.get("SPARK_SPEC_ROPE_IN_PRODUCT", "0") == "1"
 
 

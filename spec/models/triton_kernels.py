@@ -993,8 +993,10 @@ def qkv_rows(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
     if SPLITS > 1:
         acc, _, sq, last = split_sums(part_ptr, count_ptr, acc, acc, sq, ms, 3, BN, MP, SPLITS)
     if last:
-        y = acc * rw[:, None]  # rows_epilogue's scaling (rounded before the bias is added, as `rope_rows` reads
-        if NORM:  # it: no FMA), then its halves apart
+        # rows_epilogue's scaling, each product rounded before the bias is added, as `rope_rows` reads it (no FMA
+        # of the last product with the bias), then its halves apart
+        y = product_rn(acc, rw[:, None])
+        if NORM:
             y = product_rn(y, tl.rsqrt(sq / K + eps)[None, :])
         ya, yb = tl.split(tl.permute(tl.reshape(y, (2, BH, MP)), (1, 2, 0)))
         rope_epilogue(ya, yb, ca, cb, sa, sb, ba, bb, head, j, ok, ms, table, q_ptr, kc_ptr, vc_ptr, M, kv_stride,
