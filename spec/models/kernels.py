@@ -682,12 +682,13 @@ def packed_columns(block_k: int, k: int, quant: int) -> int:
 
 
 # Whether a 2-64-token q/k/v product in the tensor-core kernels does its rotary embedding in its own epilogue
-# (`qkv_rows`, one kernel) rather than in `rope_rows` after it (two kernels and the product's fp32 rows between them),
-# meant to give the same numbers bit for bit: on an H100 (session 27, benchmarks/h100/session27/) the CUDA test found
-# them apart by the compiler's FMAs, since taken out (`triton_kernels.product_rn`), not yet re-run on a GPU. There it
-# took the 8B's 8 / 16-token verifies from 5.73 / 5.90 ms to 5.68 / 5.86 and left the 1B's as they were. Off until
-# that test passes; SPARK_SPEC_ROPE_IN_PRODUCT=1 turns it on.
-ROPE_IN_PRODUCT = os.environ.get("SPARK_SPEC_ROPE_IN_PRODUCT", "0") == "1"
+# (`qkv_rows`, one kernel) rather than in `rope_rows` after it (two kernels and the product's fp32 rows between them).
+# The two give the same numbers bit for bit: on an H100 the CUDA test first found them apart by the compiler's FMAs
+# (session 27), since taken out (`triton_kernels.product_rn`), and then passed (session 28, benchmarks/h100/session28/).
+# On an H100 it took the 8B's 8 / 16-token verifies from 5.73 / 5.90 ms to 5.68 / 5.86 and left the 1B's as they
+# were (session 27, alternated in one process). SPARK_SPEC_ROPE_IN_PRODUCT=0 turns it off (how a benchmark measures
+# what it gives).
+ROPE_IN_PRODUCT = os.environ.get("SPARK_SPEC_ROPE_IN_PRODUCT", "1") == "1"
 
 
 def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_cache, v_cache,

@@ -1,0 +1,22 @@
+# Session 28, on an H200 if one comes (carry .whl): issues 18 and 19's bars under today's defaults (one bench_engine
+# run), then the 8B's 16- and 32-token tiles tuned on this card (kept only where the whole captured forward gains
+# >= 0.5 %) and the bars again with what was kept. Each step saves its files under $OUT as it ends.
+source "$(dirname "$0")/env.sh"
+mkdir -p results
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $GPU"
+if [[ "$GPU" == *H200* ]]; then  # (on an H100: s28_first.sh's bench stands for it)
+timeout ${T:-170} python3 -m spec.bench_engine --pair llama-random --device cuda \
+  --backends graph --draft-quants int8,int4 --ns 1,2,3,4,5,8,16 --tree-nodes 16,32,64 --parts speed --no-hf \
+  > $OUT/bench.log 2>&1
+echo "bench rc=$?"; grep -E "^bar" $OUT/bench.log
+cp "$(ls -t results/bench_engine-*.json | head -1)" $OUT/bench_engine.json
+python3 -c "import json; d = json.load(open('$OUT/bench_engine.json')); print({k: round(v, 3) for k, v in d.items() if k.startswith('tree_') and not isinstance(v, dict)})"
+fi
+timeout ${TLIMIT:-250} python3 -m spec.tune_kernels --pair llama-random --device cuda --roles target --tokens 16,32 \
+  > $OUT/tune_target_16_32.log 2>&1; echo "tune rc=$?"
+grep -i "kept\|whole\|forward" $OUT/tune_target_16_32.log | grep -v "it/s\]\|s/it\]" | tail -8
+cp ~/.cache/spark-spec/kernels/*.json $OUT/ 2>/dev/null; cp "$(ls -t results/tune_kernels-*.json | head -1)" $OUT/ 2>/dev/null
+timeout ${T2:-120} python3 -m spec.bench_engine --pair llama-random --device cuda --backends graph \
+  --ns 1,8,16 --tree-nodes 16,32,64 --parts speed --no-hf > $OUT/bench_tuned.log 2>&1; echo "bench rc=$?"
+cp "$(ls -t results/bench_engine-*.json | head -1)" $OUT/bench_engine-tuned.json
+python3 -c "import json; d = json.load(open('$OUT/bench_engine-tuned.json')); print({k: round(v, 3) for k, v in d.items() if k.startswith('tree_') and not isinstance(v, dict)})"
