@@ -272,3 +272,30 @@ def test_bench_engines_tree_timing_leaves_the_cache_at_its_context(tiny):
     for cached in (0, 4):
         ms = tree_ms(model, torch.tensor(TEXT), 8, reps=2, vocab=model.vocab, cached=cached)
         assert math.isfinite(ms) and model.length == len(TEXT)
+
+
+def test_bench_engine_judges_issue_19s_bars_on_the_headline_backend(tiny, tmp_path, monkeypatch):
+    """A CPU run of `spec.bench_engine` with --tree-nodes: the headline backend's tree ratios get their own keys,
+    judged against issue 19's bars, and the judge misses a NaN, passes a value at its bar and skips what was not
+    measured."""
+    import json
+
+    from spec import bench_engine
+
+    monkeypatch.chdir(tmp_path)
+    bench_engine.main(["--pair", "tiny", "--device", "cpu", "--backends", "eager,static", "--ns", "1",
+                       "--tree-nodes", "16", "--parts", "speed", "--no-hf", "--reps", "2", "--tokens", "8",
+                       "--context", "32"])
+    data = json.loads(next((tmp_path / "results").glob("bench_engine-*.json")).read_text())
+    assert data["graph_backend"] == "static"
+    assert data["tree_verify_ratio_16_over_1"] == data["tree_verify_ratio_16_over_1_static"]
+    assert data["tree_draft_frontier_8_over_step"] == data["tree_draft_frontier_8_over_step_static"]
+    bars = data["bars"]
+    assert bars["tree_verify_ratio_16_over_1"]["bar"] == "<= 1.12"
+    assert bars["tree_draft_frontier_8_over_step"]["bar"] == "<= 1.4"
+    assert "tree_verify_ratio_32_over_1" not in bars  # not measured: not judged
+    judged = bench_engine.judge_bars({"tree_verify_ratio_16_over_1": 1.12, "tree_verify_ratio_64_over_1": 1.5001,
+                                      "graph_plain_tok_s": float("nan"), "c_graph": 0.2})
+    assert {key: bar["pass"] for key, bar in judged.items()} == {
+        "tree_verify_ratio_16_over_1": True, "tree_verify_ratio_64_over_1": False, "graph_plain_tok_s": False,
+        "c_graph": True}
