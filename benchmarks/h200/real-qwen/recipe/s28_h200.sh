@@ -1,10 +1,16 @@
 # Session 28, on an H200 if one comes (carry .whl): issues 18 and 19's bars under today's defaults (one bench_engine
 # run), then the 8B's 16- and 32-token tiles tuned on this card (kept only where the whole captured forward gains
-# >= 0.5 %) and the bars again with what was kept. Each step saves its files under $OUT as it ends.
+# >= 0.5 %) and the bars again with what was kept. Each step saves its files under $OUT as it ends. On an H100: the
+# CUDA tests of the kernels and graphed trees under today's defaults (the rotary in the q/k/v product now on).
 source "$(dirname "$0")/env.sh"
 mkdir -p results
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "GPU: $GPU"
-if [[ "$GPU" == *H200* ]]; then  # (on an H100: s28_first.sh's bench stands for it)
+if [[ "$GPU" != *H200* ]]; then  # on an H100 (s28_first.sh's bench stands): the CUDA tests under today's defaults
+  timeout ${T1:-180} python3 -m pytest -n 8 -q -p no:cacheprovider -rfE --tb=short tests/test_kernels.py \
+    tests/test_graph_trees.py -k "not interpreter" > $OUT/tests-cuda.log 2>&1; echo "tests rc=$?"; tail -n 4 $OUT/tests-cuda.log
+  exit 0
+fi
+if true; then
 timeout ${T:-170} python3 -m spec.bench_engine --pair llama-random --device cuda \
   --backends graph --draft-quants int8,int4 --ns 1,2,3,4,5,8,16 --tree-nodes 16,32,64 --parts speed --no-hf \
   > $OUT/bench.log 2>&1
