@@ -10,14 +10,12 @@ if [[ "$GPU" != *H200* ]]; then  # on an H100 (s28_first.sh's bench stands): the
     tests/test_graph_trees.py -k "not interpreter" > $OUT/tests-cuda.log 2>&1; echo "tests rc=$?"; tail -n 4 $OUT/tests-cuda.log
   exit 0
 fi
-if true; then
 timeout ${T:-170} python3 -m spec.bench_engine --pair llama-random --device cuda \
   --backends graph --draft-quants int8,int4 --ns 1,2,3,4,5,8,16 --tree-nodes 16,32,64 --parts speed --no-hf \
   > $OUT/bench.log 2>&1
 echo "bench rc=$?"; grep -E "^bar" $OUT/bench.log
 cp "$(ls -t results/bench_engine-*.json | head -1)" $OUT/bench_engine.json
 python3 -c "import json; d = json.load(open('$OUT/bench_engine.json')); print({k: round(v, 3) for k, v in d.items() if k.startswith('tree_') and not isinstance(v, dict)})"
-fi
 timeout ${TLIMIT:-250} python3 -m spec.tune_kernels --pair llama-random --device cuda --roles target --tokens 16,32 \
   > $OUT/tune_target_16_32.log 2>&1; echo "tune rc=$?"
 grep -i "kept\|whole\|forward" $OUT/tune_target_16_32.log | grep -v "it/s\]\|s/it\]" | tail -8
