@@ -592,6 +592,91 @@ def test_int4_products_over_several_tiles_on_a_gpu():
     check_int4_products("cuda")
 
 
+def check_streamed_products(device: str, schemes=("none", "int8", "int4"), dtypes=(torch.float32,)) -> None:
+    """One-token products in fewer programs than row blocks (`triton_kernels.gemv_stream`, kernels.STREAM 3) against
+    a program a block (`gemv`), bit for bit: every epilogue and weight format, with and without RMSNorm, more
+    blocks than programs but not a multiple of them (some programs take two blocks, some one; the last block part
+    empty), blocks of one tile (the next block's tile is the one loaded ahead) and of three."""
+    from spec.models import kernels
+    from spec.models.quant import pack_for_kernels
+
+    gen = torch.Generator().manual_seed(0)
+    sms = max(1, kernels._multiprocessors(torch.device(device)))  # (Triton's interpreter: one)
+    stream = kernels.STREAM
+    try:
+        for dtype in dtypes:
+            for scheme in schemes:
+                for epilogue, bn, k, config, norm in ((kernels.ADD, 8, 192, (8, 64, 4), False),
+                                                      (kernels.ADD, 8, 128, (8, 128, 4), True),
+                                                      (kernels.SILU_MUL, 8, 128, (8, 128, 4), True),
+                                                      (kernels.SILU_MUL, 16, 192, (16, 64, 4), False),
+                                                      (kernels.LOGITS, 16, 192, (16, 64, 4), True)):
+                    n = (4 * sms + 3) * bn - bn // 2
+                    weight = torch.randn(2 * n if epilogue == kernels.SILU_MUL else n, k, generator=gen)
+                    weight = weight.to(device, dtype) if scheme == "none" else pack_for_kernels(
+                        weight.to(device, dtype), scheme)
+                    x = torch.randn(k, generator=gen).to(device, dtype)
+                    norm_weight = (torch.rand(k, generator=gen) + 0.5).to(device, dtype) if norm else None
+                    start = torch.randn(n, generator=gen).to(device, torch.float32 if epilogue == kernels.LOGITS
+                                                             else dtype)
+                    outs = []
+                    for kernels.STREAM in (0, 3):
+                        blocks = -(-n // config[0])
+                        assert kernels.stream_programs(blocks, x.device) == (blocks if kernels.STREAM == 0
+                                                                             else 3 * sms)
+                        out = start.clone()
+                        kernels.gemv(x, weight, out, epilogue, norm_weight, 1e-6, config)
+                        outs.append(out)
+                    case = (str(dtype), scheme, epilogue, k, config, norm)
+                    assert not torch.equal(outs[0], start), case  # (something was written)
+                    assert torch.equal(outs[0], outs[1]), case
+    finally:
+        kernels.STREAM = stream
+
+
+INTERPRETED_STREAMED_PRODUCTS = """
+import sys
+sys.path.insert(0, "tests")
+from test_kernels import check_streamed_products
+check_streamed_products("cpu")
+print("ok")
+"""
+
+
+def test_streamed_one_token_products_in_tritons_interpreter():
+    """`check_streamed_products` in Triton's interpreter (fp32; the int4 words' LOP3 replaced by the same masks)."""
+    run_interpreted(INTERPRETED_STREAMED_PRODUCTS)
+
+
+@cuda
+def test_streamed_one_token_products_on_a_gpu():
+    """The same on the GPU, in fp32 and bf16, fp8 where the GPU reads it; and a graphed model's step with STREAM 3
+    against its step without, through a prompt and forwards of 1-5 tokens with rollbacks: the same logits."""
+    from spec.models import kernels
+    from spec.models.quant import fp8_device
+
+    skip_without_triton()
+    fp8 = ("fp8",) if fp8_device(torch.device("cuda")) else ()
+    check_streamed_products("cuda", ("none", "int8", "int4", *fp8), (torch.float32, torch.bfloat16))
+    stream = kernels.STREAM
+    try:
+        for scheme in ("none", "int4"):
+            walks = []
+            for kernels.STREAM in (0, 3):
+                model = GraphModel(small_model("llama", torch.bfloat16, intermediate=4096), max_length=200,
+                                   quant=scheme)
+                gen = torch.Generator().manual_seed(3)
+                logits = [model.forward(torch.randint(0, model.vocab, (40,), generator=gen).cuda()).cpu()]
+                for _ in range(30):
+                    n = int(torch.randint(1, 6, (), generator=gen))
+                    logits.append(model.forward(torch.randint(0, model.vocab, (n,), generator=gen).cuda()).cpu())
+                    model.rollback(model.length - int(torch.randint(0, n, (), generator=gen)))
+                walks.append(torch.cat(logits))
+            assert torch.equal(walks[0], walks[1]), scheme
+    finally:
+        kernels.STREAM = stream
+
+
 def interpreted_check(name: str) -> str:
     """A script for `run_interpreted` that runs this file's check `name` on the CPU, kernels interpreted."""
     return f'import sys\nsys.path.insert(0, "tests")\nfrom test_kernels import {name}\n{name}("cpu")\nprint("ok")\n'

@@ -14,7 +14,9 @@ program fits on a multiprocessor and the next kernel's programs can start beside
 the attention of forwards whose rows the one-pass combine does not take in one kernel, R query rows a program, each
 over a run of chunks with the block's last program combining (`kernels.PART_ROWS`, 16 by default for 17-64 rows;
 "parts0": always the two kernels, partial sums and a combine); "rope" / "ropeapart" the 2-64-token q/k/v product with
-its rotary embedding in its epilogue, or in a kernel after it (`kernels.ROPE_IN_PRODUCT`). `--tree-nodes`
+its rotary embedding in its epilogue, or in a kernel after it (`kernels.ROPE_IN_PRODUCT`); "stream<N>" the one-token
+products in N programs a multiprocessor, each taking row block after row block (`kernels.STREAM`; "stream0": a
+program a block, the default). `--tree-nodes`
 adds the target's verify of that many tree nodes and the draft's frontier of 8 (`bench_engine.tree_ms`). The draft
 runs in `--draft-quant`'s format (none, int8, int4, fp8).
 
@@ -55,7 +57,7 @@ ns = [int(n) for n in args.ns.split(",")]
 variants = args.variants.split(",")
 one_pass, chunk, library_fused = kernels.ONE_PASS_ELEMENTS, kernels._chunk, kernels.LIBRARY_FUSED
 split_plain, library_plain, shared_memory = kernels.SPLIT_PLAIN, kernels.LIBRARY_PLAIN, kernels.SHARED_MEMORY
-part_rows, rope_in_product = kernels.PART_ROWS, kernels.ROPE_IN_PRODUCT
+part_rows, rope_in_product, stream = kernels.PART_ROWS, kernels.ROPE_IN_PRODUCT, kernels.STREAM
 # A variant named twice (the rule first and last, to see the drift) is labelled by its turn: fused+pdl, fused+pdl#2.
 labels = [v if not variants[:i].count(v) else f"{v}#{variants[:i].count(v) + 1}" for i, v in enumerate(variants)]
 rows = {}
@@ -71,6 +73,7 @@ for variant, label in zip(variants, labels, strict=True):
                              else library_plain)
     kernels.PART_ROWS = int(variant[5:].split("+")[0]) if variant.startswith("parts") else part_rows
     kernels.ROPE_IN_PRODUCT = {"rope": True, "ropeapart": False}.get(variant.split("+")[0], rope_in_product)
+    kernels.STREAM = int(variant[6:].split("+")[0]) if variant.startswith("stream") else stream
     for role in ("target", "draft"):
         m = getattr(pair, role)
         if role == "draft" and quant != "none" and variant.startswith(("stack", "fused1")):

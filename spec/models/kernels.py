@@ -770,7 +770,9 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     constexprs = dict(NORM=norm_weight is not None, EPILOGUE=epilogue, BN=config[0], BLOCK_K=config[1], **quant)
     grid = (-(-n // config[0]),)
     if tokens == 1:
-        _launch(_triton().gemv, grid, config, pdl, *args, n, k, **constexprs)
+        programs = stream_programs(grid[0], x.device)
+        kernel = _triton().gemv if programs == grid[0] else _triton().gemv_stream
+        _launch(kernel, (programs,), config, pdl, *args, n, k, **constexprs)
     elif few_tokens(tokens, _scheme(weight)):
         _launch(_triton().gemv_few, grid, config, pdl, *args, tokens, n, k, **constexprs, XD=head_major,
                 MT=_pow2(tokens))
@@ -779,6 +781,21 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
         constexprs.update(tiles)
         _launch(_triton().gemv_rows, grid, config, pdl, *args, *scratch, tokens, n, k, span, **constexprs,
                 XD=head_major)
+
+
+# One-token products in fewer programs than row blocks (`triton_kernels.gemv_stream`): STREAM programs a
+# multiprocessor, each taking every STREAM x multiprocessors-th block and loading its tiles one after another without a
+# pause between blocks; 0 (the default) gives every row block its own program. The same bits either way.
+# SPARK_SPEC_STREAM, read when this module is imported, sets it.
+STREAM = int(os.environ.get("SPARK_SPEC_STREAM", "0"))
+
+
+def stream_programs(blocks: int, device: torch.device) -> int:
+    """Programs of a one-token product of `blocks` row blocks: STREAM a multiprocessor (Triton's interpreter counts
+    as one), at most one a block; all `blocks` with STREAM 0."""
+    if STREAM <= 0:
+        return blocks
+    return min(blocks, STREAM * max(1, _multiprocessors(device)))
 
 
 def rows_layout(x, weight, n: int, k: int, tokens: int, config: tuple[int, ...], epilogue: int):

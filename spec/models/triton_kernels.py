@@ -556,6 +556,29 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
 
 
 @triton.jit
+def one_token_sums(x_ptr, nw_ptr, k0, K, w, ws, wz, u, us, uz, acc, acc_up, sq, NORM: tl.constexpr,
+                   EPILOGUE: tl.constexpr, BLOCK_K: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
+    """A one-token product's running sums (and the up projection's, and its inputs' squares) with the weight tile
+    of inputs k0.. added."""
+    if QUANT == 2:
+        l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM, BLOCK_K, G)
+        acc += int4_word_sums(w, ws, wz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
+        if EPILOGUE == 1:
+            acc_up += int4_word_sums(u, us, uz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
+    else:
+        ks = tl.arange(0, BLOCK_K)
+        km = k0 + ks < K
+        x = tl.load(x_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
+        if NORM:
+            sq += x * x
+            x = x * tl.load(nw_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
+        acc += as_float(w) * x[None, :]
+        if EPILOGUE == 1:
+            acc_up += as_float(u) * x[None, :]
+    return acc, acc_up, sq
+
+
+@triton.jit
 def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
          NORM: tl.constexpr, EPILOGUE: tl.constexpr, BN: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
          QUANT: tl.constexpr, G: tl.constexpr):
@@ -563,7 +586,6 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
         tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     rm = rows < N
-    ks = tl.arange(0, BLOCK_K)
     w, ws, wz, u, us, uz = tiles_at(w_ptr, s_ptr, z_ptr, rows, rm, 0, K, N, EPILOGUE, BLOCK_K, QUANT, G)
     rw = row_scales(s_ptr, rows, rm, QUANT)
     ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
@@ -573,23 +595,53 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
     for k0 in range(0, K, BLOCK_K):
         w_next, ws_next, wz_next, u_next, us_next, uz_next = tiles_at(w_ptr, s_ptr, z_ptr, rows, rm, k0 + BLOCK_K,
                                                                       K, N, EPILOGUE, BLOCK_K, QUANT, G)
-        if QUANT == 2:
-            l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM, BLOCK_K, G)
-            acc += int4_word_sums(w, ws, wz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
-            if EPILOGUE == 1:
-                acc_up += int4_word_sums(u, us, uz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
-        else:
-            km = k0 + ks < K
-            x = tl.load(x_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
-            if NORM:
-                sq += x * x
-                x = x * tl.load(nw_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
-            acc += as_float(w) * x[None, :]
-            if EPILOGUE == 1:
-                acc_up += as_float(u) * x[None, :]
+        acc, acc_up, sq = one_token_sums(x_ptr, nw_ptr, k0, K, w, ws, wz, u, us, uz, acc, acc_up, sq, NORM, EPILOGUE,
+                                         BLOCK_K, QUANT, G)
         w, ws, wz = w_next, ws_next, wz_next
         u, us, uz = u_next, us_next, uz_next
     store_row(out_ptr, x_ptr, 1, N, K, 0, rows, rm, acc, acc_up, sq, rw, ru, eps, NORM, EPILOGUE)
+
+
+@triton.jit
+def gemv_stream(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
+                NORM: tl.constexpr, EPILOGUE: tl.constexpr, BN: tl.constexpr, BLOCK_K: tl.constexpr,
+                PDL: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
+    """`gemv` in fewer programs than row blocks (kernels.STREAM): program p of P takes blocks p, p + P, p + 2P, ...
+    as one run of tiles, each loaded a step ahead of its use, the next block's first tile too, so its loads do not
+    stop between blocks. A row is summed tile by tile in `gemv`'s order, so both write the same bits."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    p = tl.program_id(0)
+    programs = tl.num_programs(0)
+    tiles = tl.cdiv(K, BLOCK_K)
+    steps = tl.cdiv(tl.cdiv(N, BN) - p, programs) * tiles  # this program's blocks x their tiles
+    rows = p * BN + tl.arange(0, BN)
+    rm = rows < N
+    w, ws, wz, u, us, uz = tiles_at(w_ptr, s_ptr, z_ptr, rows, rm, 0, K, N, EPILOGUE, BLOCK_K, QUANT, G)
+    rw = row_scales(s_ptr, rows, rm, QUANT)
+    ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    acc, acc_up, sq = accumulators(BN, BLOCK_K, QUANT, G)
+    for step in range(0, steps):
+        k0 = (step % tiles) * BLOCK_K
+        ahead = step + 1  # the tile loaded now, used next step: this block's next, or the next block's first
+        rows_ahead = (p + (ahead // tiles) * programs) * BN + tl.arange(0, BN)
+        rm_ahead = (rows_ahead < N) & (ahead < steps)
+        w_next, ws_next, wz_next, u_next, us_next, uz_next = tiles_at(w_ptr, s_ptr, z_ptr, rows_ahead, rm_ahead,
+                                                                      (ahead % tiles) * BLOCK_K, K, N, EPILOGUE,
+                                                                      BLOCK_K, QUANT, G)
+        acc, acc_up, sq = one_token_sums(x_ptr, nw_ptr, k0, K, w, ws, wz, u, us, uz, acc, acc_up, sq, NORM, EPILOGUE,
+                                         BLOCK_K, QUANT, G)
+        if k0 + BLOCK_K >= K:  # the block's last tile: its rows out, and on to the next block
+            store_row(out_ptr, x_ptr, 1, N, K, 0, rows, rm, acc, acc_up, sq, rw, ru, eps, NORM, EPILOGUE)
+            acc, acc_up, sq = accumulators(BN, BLOCK_K, QUANT, G)
+            rows = rows_ahead
+            rm = rows < N
+            rw = row_scales(s_ptr, rows, rm, QUANT)
+            ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
+        w, ws, wz = w_next, ws_next, wz_next
+        u, us, uz = u_next, us_next, uz_next
 
 
 # ---- the fused forward of 2-4 tokens over packed weights (a draft's catch-up, a tree's frontier) -----------------
