@@ -593,10 +593,11 @@ def test_int4_products_over_several_tiles_on_a_gpu():
 
 
 def check_streamed_products(device: str, schemes=("none", "int8", "int4"), dtypes=(torch.float32,)) -> None:
-    """One-token products in fewer programs than row blocks (`triton_kernels.gemv_stream`, kernels.STREAM 3) against
-    a program a block (`gemv`), bit for bit: every epilogue and weight format, with and without RMSNorm, more
-    blocks than programs but not a multiple of them (some programs take two blocks, some one; the last block part
-    empty), blocks of one tile (the next block's tile is the one loaded ahead) and of three."""
+    """One-token products in fewer programs than row blocks (`triton_kernels.gemv_stream`, kernels.STREAM 3), and in
+    as many (a STREAM past the blocks), against a program a block in `gemv`, bit for bit: every epilogue and weight
+    format, with and without RMSNorm, more blocks than programs but not a multiple of them (some programs take two
+    blocks, some one; the last block part empty), blocks of one tile (the next block's tile is the one loaded ahead)
+    and of three."""
     from spec.models import kernels
     from spec.models.quant import pack_for_kernels
 
@@ -620,16 +621,16 @@ def check_streamed_products(device: str, schemes=("none", "int8", "int4"), dtype
                     start = torch.randn(n, generator=gen).to(device, torch.float32 if epilogue == kernels.LOGITS
                                                              else dtype)
                     outs = []
-                    for kernels.STREAM in (0, 3):
+                    for kernels.STREAM in (0, 3, 10**6):  # gemv; gemv_stream in 3 sms programs, then a block each
                         blocks = -(-n // config[0])
-                        assert kernels.stream_programs(blocks, x.device) == (blocks if kernels.STREAM == 0
-                                                                             else 3 * sms)
+                        assert kernels.stream_programs(blocks, x.device) == (3 * sms if kernels.STREAM == 3
+                                                                             else blocks)
                         out = start.clone()
                         kernels.gemv(x, weight, out, epilogue, norm_weight, 1e-6, config)
                         outs.append(out)
                     case = (str(dtype), scheme, epilogue, k, config, norm)
                     assert not torch.equal(outs[0], start), case  # (something was written)
-                    assert torch.equal(outs[0], outs[1]), case
+                    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]), case
     finally:
         kernels.STREAM = stream
 

@@ -771,7 +771,7 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     grid = (-(-n // config[0]),)
     if tokens == 1:
         programs = stream_programs(grid[0], x.device)
-        kernel = _triton().gemv if programs == grid[0] else _triton().gemv_stream
+        kernel = _triton().gemv_stream if STREAM > 0 else _triton().gemv
         _launch(kernel, (programs,), config, pdl, *args, n, k, **constexprs)
     elif few_tokens(tokens, _scheme(weight)):
         _launch(_triton().gemv_few, grid, config, pdl, *args, tokens, n, k, **constexprs, XD=head_major,
@@ -785,7 +785,8 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
 
 # One-token products in fewer programs than row blocks (`triton_kernels.gemv_stream`): STREAM programs a
 # multiprocessor, each taking every STREAM x multiprocessors-th block and loading its tiles one after another without a
-# pause between blocks; 0 (the default) gives every row block its own program. The same bits either way.
+# pause between blocks (a STREAM of more programs than blocks: gemv_stream, a program a block); 0 (the default):
+# `gemv`, every row block its own program. The same bits either way.
 # SPARK_SPEC_STREAM, read when this module is imported, sets it.
 STREAM = int(os.environ.get("SPARK_SPEC_STREAM", "0"))
 

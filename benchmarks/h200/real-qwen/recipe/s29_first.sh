@@ -1,7 +1,8 @@
 # Session 29, the first call on whatever GPU comes (carry .whl). On an H200: issues 18 and 19's bars under today's
 # defaults (one bench_engine run) first. On any card: the streamed one-token products (kernels.STREAM) checked bit
 # for bit against a program a block (CUDA test), then timed against it in one process, alternating, for the 1B's
-# int4 and int8 steps and the 8B's step (step_variants; stream<N> = N programs a multiprocessor). Each step saves its
+# int4 and int8 steps and the 8B's step (step_variants; stream<N> = N programs a multiprocessor,
+# stream1000 = gemv_stream with a program a block). Each step saves its
 # files under $OUT as it ends.
 source "$(dirname "$0")/env.sh"
 mkdir -p results
@@ -18,7 +19,7 @@ timeout ${T1:-120} python3 -m pytest -q -p no:cacheprovider -rfE --tb=short test
 tail -n 3 $OUT/tests-stream.log
 for quant in ${QUANTS:-int4 int8}; do
   timeout ${T2:-150} python3 benchmarks/h200/step_variants.py --pair llama-random --device cuda --ns 1 \
-    --variants ${VARIANTS:-fused+pdl,stream1+pdl,stream2+pdl,stream4+pdl,fused+pdl} --draft-quant $quant \
+    --variants ${VARIANTS:-fused+pdl,stream1+pdl,stream2+pdl,stream4+pdl,stream1000+pdl,fused+pdl} --draft-quant $quant \
     --json $OUT/stream-$quant.json > $OUT/stream-$quant.log 2>&1; echo "variants $quant rc=$?"
   grep -E "^(target|draft)|: c " $OUT/stream-$quant.log | grep -v "it/s"
 done
