@@ -498,7 +498,6 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
     rows_a = head * D + j
     rows_b = rows_a + D // 2  # their rotary partners
     every = j >= 0
-    ks = tl.arange(0, BLOCK_K)
     wa, sa_, za = one_token_tile(w_ptr, s_ptr, z_ptr, rows_a, every, 0, K, BLOCK_K, QUANT, G)
     wb, sb_, zb = one_token_tile(w_ptr, s_ptr, z_ptr, rows_b, every, 0, K, BLOCK_K, QUANT, G)
     ra = row_scales(s_ptr, rows_a, every, QUANT)
@@ -522,17 +521,8 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
                                                    QUANT, G)
         wb_next, sb_next, zb_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows_b, every, k0 + BLOCK_K, K, BLOCK_K,
                                                    QUANT, G)
-        if QUANT == 2:
-            l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_inputs(h_ptr, nw_ptr, k0, K, sq, True, BLOCK_K, G)
-            acc_a += int4_word_sums(wa, sa_, za, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
-            acc_b += int4_word_sums(wb, sb_, zb, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
-        else:
-            km = k0 + ks < K
-            x = tl.load(h_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
-            sq += x * x
-            x = x * tl.load(nw_ptr + k0 + ks, mask=km, other=0.0).to(tl.float32)
-            acc_a += as_float(wa) * x[None, :]
-            acc_b += as_float(wb) * x[None, :]
+        acc_a, acc_b, sq = one_token_sums(h_ptr, nw_ptr, k0, K, wa, sa_, za, wb, sb_, zb, acc_a, acc_b, sq, True, 1,
+                                          BLOCK_K, QUANT, G)  # (as gate/up: two tiles, each its own rows)
         wa, sa_, za = wa_next, sa_next, za_next
         wb, sb_, zb = wb_next, sb_next, zb_next
     r = tl.rsqrt(tl.sum(sq, 0) / K + eps)  # RMSNorm's scale, applied after the sum
