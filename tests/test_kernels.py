@@ -595,9 +595,9 @@ def test_int4_products_over_several_tiles_on_a_gpu():
 def check_streamed_products(device: str, schemes=("none", "int8", "int4"), dtypes=(torch.float32,)) -> None:
     """One-token products in fewer programs than row blocks (`triton_kernels.gemv_stream`, kernels.STREAM 3), and in
     as many (a STREAM past the blocks), against a program a block in `gemv`, bit for bit: every epilogue and weight
-    format, with and without RMSNorm, more blocks than programs but not a multiple of them (some programs take two
-    blocks, some one; the last block part empty), blocks of one tile (the next block's tile is the one loaded ahead)
-    and of three."""
+    format, with and without RMSNorm, more blocks than programs but not a multiple of them (programs of unequal
+    blocks; the last block part empty), blocks of one tile (the next block's tile is the one loaded ahead), of one
+    tile wider than the inputs and of three (the last a part tile)."""
     from spec.models import kernels
     from spec.models.quant import pack_for_kernels
 
@@ -607,12 +607,12 @@ def check_streamed_products(device: str, schemes=("none", "int8", "int4"), dtype
     try:
         for dtype in dtypes:
             for scheme in schemes:
-                for epilogue, bn, k, config, norm in ((kernels.ADD, 8, 192, (8, 64, 4), False),
-                                                      (kernels.ADD, 8, 128, (8, 128, 4), True),
-                                                      (kernels.SILU_MUL, 8, 128, (8, 128, 4), True),
-                                                      (kernels.SILU_MUL, 16, 192, (16, 64, 4), False),
-                                                      (kernels.LOGITS, 16, 192, (16, 64, 4), True)):
-                    n = (4 * sms + 3) * bn - bn // 2
+                for epilogue, k, config, norm in ((kernels.ADD, 160, (8, 64, 4), False),  # a part tile last
+                                                  (kernels.ADD, 96, (8, 128, 4), True),  # a tile past the inputs
+                                                  (kernels.SILU_MUL, 128, (8, 128, 4), True),
+                                                  (kernels.SILU_MUL, 192, (16, 64, 4), False),
+                                                  (kernels.LOGITS, 192, (16, 64, 4), True)):
+                    n = (4 * sms + 3) * config[0] - config[0] // 2
                     weight = torch.randn(2 * n if epilogue == kernels.SILU_MUL else n, k, generator=gen)
                     weight = weight.to(device, dtype) if scheme == "none" else pack_for_kernels(
                         weight.to(device, dtype), scheme)
@@ -621,10 +621,10 @@ def check_streamed_products(device: str, schemes=("none", "int8", "int4"), dtype
                     start = torch.randn(n, generator=gen).to(device, torch.float32 if epilogue == kernels.LOGITS
                                                              else dtype)
                     outs = []
-                    for kernels.STREAM in (0, 3, 10**6):  # gemv; gemv_stream in 3 sms programs, then a block each
+                    for stream in (0, 3, 10**6):  # gemv; gemv_stream in 3 sms programs, then a block each
+                        kernels.STREAM = stream
                         blocks = -(-n // config[0])
-                        assert kernels.stream_programs(blocks, x.device) == (3 * sms if kernels.STREAM == 3
-                                                                             else blocks)
+                        assert kernels.stream_programs(blocks, x.device) == (3 * sms if stream == 3 else blocks)
                         out = start.clone()
                         kernels.gemv(x, weight, out, epilogue, norm_weight, 1e-6, config)
                         outs.append(out)
@@ -663,8 +663,9 @@ def test_streamed_one_token_products_on_a_gpu():
     try:
         for scheme in ("none", "int4"):
             walks = []
-            for kernels.STREAM in (0, 3):
-                model = GraphModel(small_model("llama", torch.bfloat16, intermediate=4096), max_length=200,
+            for stream in (0, 3):
+                kernels.STREAM = stream  # (int4's gate/up: 512 blocks of 16 rows, more than 3 a multiprocessor)
+                model = GraphModel(small_model("llama", torch.bfloat16, intermediate=8192), max_length=200,
                                    quant=scheme)
                 gen = torch.Generator().manual_seed(3)
                 logits = [model.forward(torch.randint(0, model.vocab, (40,), generator=gen).cuda()).cpu()]

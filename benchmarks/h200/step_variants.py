@@ -15,8 +15,8 @@ the attention of forwards whose rows the one-pass combine does not take in one k
 over a run of chunks with the block's last program combining (`kernels.PART_ROWS`, 16 by default for 17-64 rows;
 "parts0": always the two kernels, partial sums and a combine); "rope" / "ropeapart" the 2-64-token q/k/v product with
 its rotary embedding in its epilogue, or in a kernel after it (`kernels.ROPE_IN_PRODUCT`); "stream<N>" the one-token
-products in N programs a multiprocessor, each taking row block after row block (`kernels.STREAM`; "stream0": a
-program a block, the default). `--tree-nodes`
+products in `gemv_stream`, N programs a multiprocessor, each taking row block after row block (`kernels.STREAM`;
+"stream0": `gemv`, the default; "stream1000": `gemv_stream` with as many programs as blocks). `--tree-nodes`
 adds the target's verify of that many tree nodes and the draft's frontier of 8 (`bench_engine.tree_ms`). The draft
 runs in `--draft-quant`'s format (none, int8, int4, fp8).
 

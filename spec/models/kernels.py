@@ -744,10 +744,10 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     (out += y), SILU_MUL (the weight holds gate then up, N rows each: out = SiLU(gate) * up), LOGITS (out fp32 =
     y, rounded to the model's dtype) or RAW (2-64 tokens: out fp32 = y, unrounded, for rope_rows). With
     `norm_weight`, x is RMS-normalised first. `head_major` = D reads x as [K // D, M, D] (the attention's output)
-    instead of [M, K]. M <= MAX_KERNEL_TOKENS: one token in `gemv`, 2-MAX_FEW_TOKENS over packed weights in
-    `gemv_few`, the rest in the tensor-core `gemv_rows`; from LIBRARY_TOKENS tokens on, int4 weights that carry
-    PyTorch's layout in its int4 kernel, and the model's own weights at LIBRARY_PLAIN's token counts in cuBLAS
-    (`library_gemv`).
+    instead of [M, K]. M <= MAX_KERNEL_TOKENS: one token in `gemv` (or `gemv_stream`: STREAM), 2-MAX_FEW_TOKENS
+    over packed weights in `gemv_few`, the rest in the tensor-core `gemv_rows`; from LIBRARY_TOKENS tokens on,
+    int4 weights that carry PyTorch's layout in its int4 kernel, and the model's own weights at LIBRARY_PLAIN's
+    token counts in cuBLAS (`library_gemv`).
 
     Between library products (LIBRARY_FUSED): `norm_next` = (norm weight, eps, the next product's weight) on an ADD
     asks for the next product's input, RMSNorm(out) [M, N], made by this epilogue; it is returned when both
@@ -783,10 +783,11 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
                 XD=head_major)
 
 
-# One-token products in fewer programs than row blocks (`triton_kernels.gemv_stream`): STREAM programs a
-# multiprocessor, each taking every STREAM x multiprocessors-th block and loading its tiles one after another without a
-# pause between blocks (a STREAM of more programs than blocks: gemv_stream, a program a block); 0 (the default):
-# `gemv`, every row block its own program. The same bits either way.
+# One-token products in fewer programs than row blocks: with STREAM > 0, `triton_kernels.gemv_stream` in STREAM
+# programs a multiprocessor, each taking every STREAM x multiprocessors-th block and loading its tiles one after
+# another without a pause between blocks (where that is more programs than blocks, each takes one: what
+# gemv_stream's loop costs by itself); STREAM 0 (the default): `triton_kernels.gemv`, every row block its own
+# program. The same bits either way.
 # SPARK_SPEC_STREAM, read when this module is imported, sets it.
 STREAM = int(os.environ.get("SPARK_SPEC_STREAM", "0"))
 

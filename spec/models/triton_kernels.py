@@ -521,8 +521,9 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
                                                    QUANT, G)
         wb_next, sb_next, zb_next = one_token_tile(w_ptr, s_ptr, z_ptr, rows_b, every, k0 + BLOCK_K, K, BLOCK_K,
                                                    QUANT, G)
+        # two tiles of rows, as gate/up's (EPILOGUE 1 sums the second), over the normed input (NORM True)
         acc_a, acc_b, sq = one_token_sums(h_ptr, nw_ptr, k0, K, wa, sa_, za, wb, sb_, zb, acc_a, acc_b, sq, True, 1,
-                                          BLOCK_K, QUANT, G)  # (as gate/up: two tiles, each its own rows)
+                                          BLOCK_K, QUANT, G)
         wa, sa_, za = wa_next, sa_next, za_next
         wb, sb_, zb = wb_next, sb_next, zb_next
     r = tl.rsqrt(tl.sum(sq, 0) / K + eps)  # RMSNorm's scale, applied after the sum
@@ -617,8 +618,8 @@ def gemv_stream(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
         k0 = (step % tiles) * BLOCK_K
         ahead = step + 1  # the tile loaded now, used next step: this block's next, or the next block's first
         rows_ahead = (p + (ahead // tiles) * programs) * BN + tl.arange(0, BN)
-        rm_ahead = (rows_ahead < N) & (ahead < steps)
-        w_next, ws_next, wz_next, u_next, us_next, uz_next = tiles_at(w_ptr, s_ptr, z_ptr, rows_ahead, rm_ahead,
+        # (after the last step: the rows of a block past the last, all masked)
+        w_next, ws_next, wz_next, u_next, us_next, uz_next = tiles_at(w_ptr, s_ptr, z_ptr, rows_ahead, rows_ahead < N,
                                                                       (ahead % tiles) * BLOCK_K, K, N, EPILOGUE,
                                                                       BLOCK_K, QUANT, G)
         acc, acc_up, sq = one_token_sums(x_ptr, nw_ptr, k0, K, w, ws, wz, u, us, uz, acc, acc_up, sq, NORM, EPILOGUE,
