@@ -570,18 +570,29 @@ def one_token_sums(x_ptr, nw_ptr, k0, K, w, ws, wz, u, us, uz, acc, acc_up, sq, 
 
 
 @triton.jit
-def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
-         NORM: tl.constexpr, EPILOGUE: tl.constexpr, BN: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-         QUANT: tl.constexpr, G: tl.constexpr):
+def first_block(w_ptr, s_ptr, z_ptr, block, N, K, EPILOGUE: tl.constexpr, BN: tl.constexpr, BLOCK_K: tl.constexpr,
+                PDL: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
+    """A product's program starting on row block `block`: the next kernel let start (PDL); the block's rows, their
+    mask, its first weight tile (and the up projection's) and int8's row scales, loaded before the wait for the
+    previous kernel, which no read of another kernel's output comes before."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    rows = block * BN + tl.arange(0, BN)
     rm = rows < N
     w, ws, wz, u, us, uz = tiles_at(w_ptr, s_ptr, z_ptr, rows, rm, 0, K, N, EPILOGUE, BLOCK_K, QUANT, G)
     rw = row_scales(s_ptr, rows, rm, QUANT)
     ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
     if PDL:
         tl.extra.cuda.gdc_wait()
+    return rows, rm, w, ws, wz, u, us, uz, rw, ru
+
+
+@triton.jit
+def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
+         NORM: tl.constexpr, EPILOGUE: tl.constexpr, BN: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+         QUANT: tl.constexpr, G: tl.constexpr):
+    rows, rm, w, ws, wz, u, us, uz, rw, ru = first_block(w_ptr, s_ptr, z_ptr, tl.program_id(0), N, K, EPILOGUE, BN,
+                                                         BLOCK_K, PDL, QUANT, G)
     acc, acc_up, sq = accumulators(BN, BLOCK_K, QUANT, G)
     for k0 in range(0, K, BLOCK_K):
         w_next, ws_next, wz_next, u_next, us_next, uz_next = tiles_at(w_ptr, s_ptr, z_ptr, rows, rm, k0 + BLOCK_K,
@@ -600,19 +611,12 @@ def gemv_stream(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
     """`gemv` in fewer programs than row blocks (kernels.STREAM): program p of P takes blocks p, p + P, p + 2P, ...
     as one run of tiles, each loaded a step ahead of its use, the next block's first tile too, so its loads do not
     stop between blocks. A row is summed tile by tile in `gemv`'s order, so both write the same bits."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
     p = tl.program_id(0)
     programs = tl.num_programs(0)
     tiles = tl.cdiv(K, BLOCK_K)
     steps = tl.cdiv(tl.cdiv(N, BN) - p, programs) * tiles  # this program's blocks x their tiles
-    rows = p * BN + tl.arange(0, BN)
-    rm = rows < N
-    w, ws, wz, u, us, uz = tiles_at(w_ptr, s_ptr, z_ptr, rows, rm, 0, K, N, EPILOGUE, BLOCK_K, QUANT, G)
-    rw = row_scales(s_ptr, rows, rm, QUANT)
-    ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+    rows, rm, w, ws, wz, u, us, uz, rw, ru = first_block(w_ptr, s_ptr, z_ptr, p, N, K, EPILOGUE, BN, BLOCK_K, PDL,
+                                                         QUANT, G)
     acc, acc_up, sq = accumulators(BN, BLOCK_K, QUANT, G)
     for step in range(0, steps):
         k0 = (step % tiles) * BLOCK_K
@@ -755,15 +759,8 @@ def gemv_few(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K,
     """`gemv` for M <= MT tokens (MT 2 or 4) over packed weights (QUANT 1 or 2): out [M, N] as `gemv_rows` writes
     it."""
     tl.static_assert((MT == 2) | (MT == 4))
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
-    rm = rows < N
-    w, ws, wz, u, us, uz = tiles_at(w_ptr, s_ptr, z_ptr, rows, rm, 0, K, N, EPILOGUE, BLOCK_K, QUANT, G)
-    rw = row_scales(s_ptr, rows, rm, QUANT)
-    ru = row_scales(s_ptr, rows + N, rm & (EPILOGUE == 1), QUANT)
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+    rows, rm, w, ws, wz, u, us, uz, rw, ru = first_block(w_ptr, s_ptr, z_ptr, tl.program_id(0), N, K, EPILOGUE, BN,
+                                                         BLOCK_K, PDL, QUANT, G)
     a0, b0, q0 = few_zeros(BN, BLOCK_K, QUANT, G)  # token m's: a (the product), b (the up projection), q (squares)
     a1, b1, q1 = a0, b0, q0
     a2, b2, q2 = a0, b0, q0
