@@ -572,9 +572,9 @@ def one_token_sums(x_ptr, nw_ptr, k0, K, w, ws, wz, u, us, uz, acc, acc_up, sq, 
 @triton.jit
 def first_block(w_ptr, s_ptr, z_ptr, block, N, K, EPILOGUE: tl.constexpr, BN: tl.constexpr, BLOCK_K: tl.constexpr,
                 PDL: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
-    """A product's program starting on row block `block`: the next kernel let start (PDL); the block's rows, their
-    mask, its first weight tile (and the up projection's) and int8's row scales, loaded before the wait for the
-    previous kernel, which no read of another kernel's output comes before."""
+    """How a one-token product's program starts, on row block `block`: it lets the next kernel start (PDL), loads
+    the block's first weight tile (and the up projection's) and int8's row scales -- weights no kernel writes --
+    and only then waits for the previous kernel. Returns the block's rows, their mask, the tiles and the scales."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     rows = block * BN + tl.arange(0, BN)
