@@ -65,6 +65,33 @@ def test_forward_keeps_the_last_rows_and_cuts_the_vocabulary(tiny):
     assert torch.allclose(model.forward([3, 4], keep=1), full[-1:], rtol=0, atol=1e-3)  # other chunking, same math
 
 
+def test_weights_off_a_cache_line_get_memory_of_their_own_and_keep_their_values_and_ties():
+    """A checkpoint mapped from its file leaves weights where the file put them; EagerModel copies those that do not
+    start on a 64-byte line (CPU products read them faster, spec.models.eager.align_weights), and nothing else."""
+    from spec.models.eager import ALIGNMENT, align_weights
+
+    model = load_pair("tiny", device="cpu", with_draft=False).target.model
+    model.get_output_embeddings().weight = head = model.get_input_embeddings().weight  # tied, as the Qwen 0.5B's
+    off = model.model.layers[0].mlp.up_proj.weight
+    for tensor in (off, head):  # 16 bytes past a cache line, as a weight at a file offset of 16 mod 64
+        storage = torch.empty(tensor.numel() + 4, dtype=tensor.dtype)
+        tensor.data = storage[4:].view_as(tensor).copy_(tensor.data)
+    kept = model.model.layers[0].mlp.down_proj.weight.data_ptr()  # already on a line
+    values = {name: t.detach().clone() for name, t in model.state_dict().items()}
+    ids = torch.tensor([[1, 2, 3]])
+    logits = model(ids).logits
+    assert off.data_ptr() % ALIGNMENT and head.data_ptr() % ALIGNMENT
+
+    EagerModel(model)
+
+    assert all(t.data_ptr() % ALIGNMENT == 0 for t in [*model.parameters(), *model.buffers()] if t.numel())
+    assert model.model.layers[0].mlp.down_proj.weight.data_ptr() == kept
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight is head
+    assert all(torch.equal(t, values[name]) for name, t in model.state_dict().items())
+    assert torch.equal(model(ids).logits, logits)
+    assert align_weights(model) == 0  # nothing left to move
+
+
 # ---- presets, device, errors ----------------------------------------------------------------------------------
 
 

@@ -9,6 +9,27 @@ import torch
 
 from spec.models.quant import QuantLinear
 
+ALIGNMENT = 64  # bytes: a cache line; what PyTorch's CPU allocator gives every tensor it makes
+
+
+def align_weights(model) -> int:
+    """Give each CPU parameter and buffer of `model` that does not start on a 64-byte boundary memory of its own,
+    values and identity unchanged (tied weights stay tied); returns the bytes copied.
+
+    transformers maps a safetensors checkpoint and leaves each weight where the file put it, and the quantized
+    cache parses its file the same way: such weights start 16 or 32 bytes past a cache line. PyTorch's CPU products
+    read them more slowly: a one-token step of the embedded 1.5B target took 56 ms with its int4 weights as read
+    from the cache and 35 ms once copied, 131 ms in bf16 against 114 (2-core AMD EPYC; benchmarks/cpu/aligned/).
+    """
+    copied = 0
+    with torch.no_grad():
+        for module in model.modules():
+            for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+                if tensor.device.type == "cpu" and tensor.numel() and tensor.data_ptr() % ALIGNMENT:
+                    tensor.data = tensor.data.clone()
+                    copied += tensor.numel() * tensor.element_size()
+    return copied
+
 
 def rollback_cache(cache, length: int) -> None:
     """Cut a transformers KV cache back to its first `length` positions.
@@ -53,6 +74,7 @@ class EagerModel:
 
     def __init__(self, model, vocab: int | None = None, name: str = "model"):
         self.model = model.eval()
+        align_weights(self.model)  # CPU products read weights at a cache line's start faster (see there)
         self.name = name
         self.vocab = vocab or model.config.get_text_config().vocab_size
         self.device = model.device
