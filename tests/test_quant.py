@@ -689,3 +689,24 @@ def test_draft_quant_agreement_is_teacher_forced_on_the_text():
     assert script.agreements(pair.target, prompt, text) == [True] * 24
     draft = script.agreements(pair.draft, prompt, text)
     assert len(draft) == 24 and 0 < sum(draft) < 24
+
+
+def test_the_llama_cpp_ratio_compares_decoding_alone():
+    """benchmarks/cpu/target_quant.py: llama-bench's text generation times token steps only, so our side of the ratio
+    leaves the prompt's forward out (tokens over the rounds' time), while `speedup` stays end to end."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu" / "target_quant.py"
+    spec_ = importlib.util.spec_from_file_location("target_quant_script", path)
+    script = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(script)
+    # two prompts: 64 tokens each; plain 2 s each with 0.4 s of prompt, speculative 1.5 s with 0.5 s of prompt
+    rows = [{"id": f"p{i}", "identical": True, "tokens": 64, "plain_tokens": 64, "plain_s": 2.0, "spec_s": 1.5,
+             "plain": {"tokens": 64, "decode_s": 1.6}, "spec": {"tokens": 64, "decode_s": 1.0, "drafted": 40,
+                                                                "accepted": 30, "rounds": 20}} for i in range(2)]
+    per = [{"positions": 64, "agreement": 1.0, "kl_mean": 0.0}]
+    line = script.summarise("int4/int4", "short x2", 1, rows, per, llama_target=80.0)
+    assert line["speedup"] == pytest.approx((64 / 1.5) / (64 / 2.0))  # end to end
+    assert line["plain_decode_tok_s"] == pytest.approx(40.0) and line["spec_decode_tok_s"] == pytest.approx(64.0)
+    assert line["plain_vs_llama_cpp"] == pytest.approx(0.5) and line["spec_vs_llama_cpp"] == pytest.approx(0.8)
