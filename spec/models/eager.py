@@ -18,8 +18,8 @@ def align_weights(model) -> int:
 
     transformers maps a safetensors checkpoint and leaves each weight where the file put it, and the quantized
     cache parses its file the same way: such weights start 16 or 32 bytes past a cache line. PyTorch's CPU products
-    read them more slowly: a one-token step of the embedded 1.5B target took 56 ms with its int4 weights as read
-    from the cache and 35 ms once copied, 131 ms in bf16 against 114 (2-core AMD EPYC; benchmarks/cpu/aligned/).
+    read them more slowly: a one-token step of the embedded 1.5B target took 57.8 ms with its int4 weights as read
+    from the cache and 34.6 ms once copied, 126.9 ms in bf16 against 112.1 (2-core AMD EPYC; benchmarks/cpu/aligned/).
     """
     copied = 0
     with torch.no_grad():
