@@ -17,7 +17,7 @@ def align_weights(model) -> int:
     values and identity unchanged (tied weights stay tied); returns the bytes copied.
 
     transformers maps a safetensors checkpoint and leaves each weight where the file put it, and the quantized
-    cache parses its file the same way: such weights start 16 or 32 bytes past a cache line. PyTorch's CPU products
+    cache parses its file the same way: such weights start 16, 32 or 48 bytes past a cache line. PyTorch's CPU products
     read them more slowly: a one-token step of the embedded 1.5B target took 57.8 ms with its int4 weights as read
     from the cache and 34.6 ms once copied, 126.9 ms in bf16 against 112.1 (2-core AMD EPYC; benchmarks/cpu/aligned/).
     """
