@@ -50,7 +50,7 @@ def test_prompt_lookup_is_identical_and_finds_the_copied_text(real, cases):
 
 def test_the_real_pairs_cpu_weights_start_on_a_cache_line(real):
     """Both real models load from mapped safetensors files, their weights 32 bytes past a line as read; the
-    wrappers move them (spec.models.eager.align_weights), which made the int4 target's step 1.45-1.67x faster."""
+    wrappers move them (spec.models.eager.align_weights), which made the int4 target's step 1.27-1.75x faster."""
     from spec.models.eager import ALIGNMENT
 
     for wrapped in (real.target, real.draft):
