@@ -1,4 +1,5 @@
-"""The `eager` backend: a transformers model and its DynamicCache, behind the `Model` interface. Runs everywhere."""
+"""The `eager` backend: a transformers model and its DynamicCache, behind the `Model` interface. Runs everywhere; on a
+CPU its attention is spec/models/attention.py's."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
+from spec.models.attention import use_grouped_attention
 from spec.models.quant import QuantLinear
 
 ALIGNMENT = 64  # bytes: a cache line; what PyTorch's CPU allocator gives every tensor it makes
@@ -79,6 +81,7 @@ class EagerModel:
     def __init__(self, model, vocab: int | None = None, name: str = "model"):
         self.model = model.eval()
         align_weights(self.model)  # CPU products read weights at a cache line's start faster (see there)
+        self.grouped_attention = use_grouped_attention(self.model)  # on a CPU (spec/models/attention.py)
         self.name = name
         self.vocab = vocab or model.config.get_text_config().vocab_size
         self.device = model.device
