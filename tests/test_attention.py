@@ -62,6 +62,24 @@ def test_the_same_check_catches_query_heads_on_the_wrong_kv_head():
     assert (tiled(None, query, key, value, mask, 0.25)[0].double() - want).abs().max() > 0.05
 
 
+def test_a_batch_and_masks_that_broadcast_or_are_bool_read_as_transformers_eager_reads_them():
+    """Two sequences (the second padded on the left); the same mask given per sequence, once for both (batch 1),
+    for every query at once ([.., 1, cached]) and as bool (True attends, as PyTorch's sdpa reads it)."""
+    g = torch.Generator().manual_seed(7)
+    n, cached = CHUNK + 5, 90
+    query = torch.randn(2, 6, n, 16, generator=g)
+    key, value = (torch.randn(2, 2, cached, 16, generator=g) for _ in range(2))
+    visible = torch.ones(2, 1, n, cached, dtype=torch.bool)
+    visible[1, :, :, :7] = False  # left padding of the second sequence
+    additive = torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min)
+    want = reference(query, key, value, additive, 0.25)
+    for mask in (additive, visible, additive[:, :, :1]):  # the last: one row for every query
+        assert (grouped_attention(None, query, key, value, mask, scaling=0.25)[0].double() - want).abs().max() < 1e-5
+    shared = additive[1:]  # batch 1: the second sequence's mask for both
+    want = reference(query, key, value, shared.expand(2, -1, -1, -1), 0.25)
+    assert (grouped_attention(None, query, key, value, shared, scaling=0.25)[0].double() - want).abs().max() < 1e-5
+
+
 def test_grouped_attention_takes_a_mask_per_query_head():
     query, key, value, mask = case(CHUNK + 3, 100, torch.float32, tree=True)
     per_head = mask.expand(1, 6, -1, -1).clone()
@@ -94,9 +112,15 @@ def test_an_eager_model_on_a_cpu_runs_it_and_agrees_with_sdpa_in_fp32(tiny):
 
 
 def test_other_devices_and_architectures_keep_their_own_attention():
-    model = qwen2()
-    model.config.use_sliding_window = True
-    assert "sliding" in grouped_reason(model)
-    assert not EagerModel(model).grouped_attention and model.config._attn_implementation != NAME
-    meta = qwen2().to("meta")
-    assert "meta" in grouped_reason(meta)
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=16,
+                         max_window_layers=1)
+    sliding = Qwen2ForCausalLM(config).eval()
+    assert "sliding_attention" in sliding.config.layer_types and "sliding" in grouped_reason(sliding)
+    assert not EagerModel(sliding).grouped_attention and sliding.config._attn_implementation != NAME
+    mistral = MistralForCausalLM(MistralConfig(vocab_size=300, hidden_size=64, intermediate_size=96,
+                                               num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))
+    assert "mistral" in grouped_reason(mistral)
+    assert "meta" in grouped_reason(qwen2().to("meta"))

@@ -9,7 +9,8 @@ packing `spec.models.quant.pack` makes; grouped per output row, so the fused mat
 as the separate layers), a static K/V cache, the rotary tables made once, and spec/models/attention.py's
 arithmetic for the attention. The eager backend runs the same weights through transformers' modules: seven int4
 products a layer, its DynamicCache, its masks. Both start from the same bf16 model; the lean one's logits are
-checked against the eager one's on the cached text (`argmax_agreement`, `max_abs_diff`). Forwards of each token
+checked against the eager one's on the cached text (`argmax_agreement`, `max_abs_diff`) and on each timed forward
+(`forward_max_abs_diff`). Forwards of each token
 count on 100 cached tokens, rounds of both in turn. Rows go to results/lean_step-<time>.jsonl as they come.
 """
 
@@ -138,6 +139,9 @@ def main(argv: list[str] | None = None) -> None:
                  "max_abs_diff": (a - b).abs().max().item()}
         layers = len(lean.layers)
         for n in map(int, args.tokens.split(",")):
+            for model in (eager, lean):  # the timed forward itself, on the cached text, compared too
+                model.reset(), model.forward(context, keep=1)
+            step_diff = (eager.forward([5] * n) - lean.forward([5] * n)).abs().max().item()
             times = {"eager": [], "lean": []}
             for _ in range(args.rounds):
                 for side, model in (("eager", eager), ("lean", lean)):
@@ -145,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
             ms = {side: statistics.median(t) * 1e3 for side, t in times.items()}
             row = results.add({"role": role, "tokens": n, "eager_ms": ms["eager"], "lean_ms": ms["lean"],
                                "eager_over_lean": ms["eager"] / ms["lean"], "products_eager": 7 * layers + 1,
-                               "products_lean": 4 * layers + 1, **check})
+                               "products_lean": 4 * layers + 1, **check, "forward_max_abs_diff": step_diff})
             print(table([row], COLUMNS), flush=True)
         del eager, lean, loaded
     print(table(results.rows(), COLUMNS))

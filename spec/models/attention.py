@@ -36,8 +36,10 @@ ARCHITECTURES = ("llama", "qwen2")
 def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                       **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface: query [b, heads, n, D], key/value [b, kv_heads, cached, D], an additive
-    mask [b, 1 or heads, n, >= cached] or None -> ([b, n, heads, D] in query's dtype, None)."""
+    """transformers' attention interface: query [b, heads, n, D], key/value [b, kv_heads, cached, D], a mask
+    [b or 1, 1 or heads, n or 1, >= cached] or None -> ([b, n, heads, D] in query's dtype, None). The mask is added to
+    the scores (transformers' eager masks, and ours for token trees); a bool one, as PyTorch's sdpa reads it, keeps
+    the positions that are True."""
     if dropout:
         raise ValueError("the grouped attention runs inference only (dropout 0)")
     b, heads, n, d = query.shape
@@ -45,16 +47,22 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     groups = heads // kv_heads
     scaling = d ** -0.5 if scaling is None else scaling
     keys_t, values = key.float().transpose(-1, -2), value.float()  # [b, kv, D, cached], [b, kv, cached, D]
+    mask = None
+    if attention_mask is not None:  # as [b or 1, 1 or heads, n or 1, cached], additive (a bool mask: True attends)
+        mask = attention_mask[..., :cached]
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
     out = torch.empty((b, heads, n, d), dtype=query.dtype, device=query.device)
     for start in range(0, n, CHUNK):
         m = min(CHUNK, n - start)
         # Head h = j * groups + i reads K/V head j (transformers' repeat_kv): rows i * m + t of group j.
         q = query[:, :, start:start + m].reshape(b, kv_heads, groups * m, d).float()
         scores = torch.matmul(q, keys_t) * scaling  # [b, kv, groups * m, cached]
-        if attention_mask is not None:
-            mask = attention_mask[:, :, start:start + m, :cached]
-            mask = mask[:, :, None] if mask.shape[1] == 1 else mask.reshape(b, kv_heads, groups, m, cached)
-            scores = (scores.view(b, kv_heads, groups, m, cached) + mask).view(b, kv_heads, groups * m, cached)
+        if mask is not None:
+            rows = mask[:, :, start:start + m] if mask.shape[2] > 1 else mask
+            rows = (rows[:, :, None] if rows.shape[1] == 1 else
+                    rows.reshape(rows.shape[0], kv_heads, groups, rows.shape[2], cached))
+            scores = (scores.view(b, kv_heads, groups, m, cached) + rows).view(b, kv_heads, groups * m, cached)
         probs = torch.softmax(scores, dim=-1)
         out[:, :, start:start + m] = torch.matmul(probs, values).view(b, heads, m, d)
     return out.transpose(1, 2).contiguous(), None
