@@ -8,6 +8,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from spec.models import EagerModel
 from spec.models.attention import CHUNK, NAME, grouped_attention, grouped_reason
+from spec.models.graph import unsupported_reason
 from spec.tree import layout
 
 
@@ -120,6 +121,7 @@ def test_other_devices_and_architectures_keep_their_own_attention():
     sliding = Qwen2ForCausalLM(config).eval()
     assert "sliding_attention" in sliding.config.layer_types and "sliding" in grouped_reason(sliding)
     assert not EagerModel(sliding).grouped_attention and sliding.config._attn_implementation != NAME
+    assert "sliding" in unsupported_reason(sliding)  # the graph backend's static cache: the same check
     mistral = MistralForCausalLM(MistralConfig(vocab_size=300, hidden_size=64, intermediate_size=96,
                                                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))
     assert "mistral" in grouped_reason(mistral)

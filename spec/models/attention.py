@@ -28,6 +28,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
+from spec.models.base import sliding_window
+
 NAME = "spark_spec_grouped"
 CHUNK = 64  # query tokens per product: a step and a verify are one chunk
 ARCHITECTURES = ("llama", "qwen2")
@@ -79,8 +81,7 @@ def grouped_reason(model) -> str | None:
         return f"on {model.device.type} the eager backend keeps transformers' default"
     if config.model_type not in ARCHITECTURES:
         return f"architecture {config.model_type!r} is not one of {', '.join(ARCHITECTURES)}"
-    if getattr(config, "use_sliding_window", False) or "sliding_attention" in (getattr(config, "layer_types", None)
-                                                                              or ()):
+    if sliding_window(config):
         return "sliding-window attention"
     return None
 

@@ -64,6 +64,13 @@ def parameter_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def sliding_window(config) -> bool:
+    """Whether a transformers text config has sliding-window attention layers (which neither the graph backend's
+    static cache nor the eager backend's CPU attention implements)."""
+    return bool(getattr(config, "use_sliding_window", False)) or "sliding_attention" in (
+        getattr(config, "layer_types", None) or ())
+
+
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from spec.models import kernels
-from spec.models.base import ModelError, parameter_bytes, sync_time
+from spec.models.base import ModelError, parameter_bytes, sliding_window, sync_time
 from spec.models.quant import PackedWeight, library_layout_error, pack_for_kernels, quant_error, with_library_layout
 
 MAX_GRAPH_TOKENS = 64  # forwards up to this many tokens are graphed; chains stay far below, a tree's verify may not
@@ -68,8 +68,7 @@ def unsupported_reason(model) -> str | None:
     config = model.config.get_text_config()
     if config.model_type not in SUPPORTED:
         return f"architecture {config.model_type!r} is not one of {', '.join(SUPPORTED)}"
-    if getattr(config, "use_sliding_window", False) or "sliding_attention" in (getattr(config, "layer_types", None)
-                                                                              or ()):
+    if sliding_window(config):
         return "sliding-window attention is not implemented in the static cache"
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     if rotary is None or getattr(rotary, "rope_type", "default") not in ROPE_TYPES:
