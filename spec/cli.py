@@ -41,8 +41,9 @@ def add_model_args(parser: argparse.ArgumentParser, draft: bool = True, auto_dra
     g.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
                    help="default bfloat16 (float16 on mps; the tiny pair uses float32)")
     g.add_argument("--backend", default="auto", choices=BACKENDS,
-                   help="eager: transformers forward + DynamicCache (everywhere); graph: static KV cache + CUDA graphs "
-                        "(CUDA, Llama/Qwen2); auto (default): graph where it can run, else eager")
+                   help="eager: transformers forward + DynamicCache (everywhere); graph: static KV cache, with CUDA "
+                        "graphs on a GPU (CUDA or CPU, Llama/Qwen2, up to 4096 positions); auto (default): graph "
+                        "where it can run, else eager")
     g.add_argument("--quiet", action="store_true", help="no progress bars or status lines")
 
 

@@ -10,7 +10,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from spec.drafters import ModelDrafter, NoDrafter
 from spec.loop import generate
 from spec.models import EagerModel, ModelError, load_pair, make_model
+from spec.models.base import parameter_bytes
 from spec.models.graph import SPAN_STEP, GraphModel, unsupported_reason
+from spec.models.synthetic import build_tiny
 from spec.warps import Sampling, warp
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -171,11 +173,89 @@ def test_qwen2_architecture_matches_transformers():
 def test_make_model_backends(pair):
     model = pair.target.model
     assert isinstance(make_model(model, pair.target.vocab, "eager", "target"), EagerModel)
-    assert isinstance(make_model(model, pair.target.vocab, "auto", "target"), EagerModel)  # the model is on CPU
     with pytest.raises(ModelError, match="backend"):
         make_model(model, pair.target.vocab, "fast", "target")
-    with pytest.raises(ModelError, match="CUDA"):
-        make_model(model, pair.target.vocab, "graph", "target")
+    for backend in ("graph", "auto"):  # on a CPU: the static cache, no graphs
+        static = make_model(model, pair.target.vocab, backend, "target")
+        assert isinstance(static, GraphModel) and not static.graphs and static.quantized is None
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """Packed weights go to a cache folder of the test's own, never the user's."""
+    from spec.models import quant
+
+    monkeypatch.setattr(quant, "cache_root", lambda: tmp_path)
+    return tmp_path
+
+
+def wide_qwen2() -> Qwen2ForCausalLM:
+    """A Qwen2 model (q/k/v biases) whose projections' rows are multiples of 64, so PyTorch's CPU int4 layout joins
+    them (the tiny Llama's k/v rows, 32, do not: its q/k/v stay three products)."""
+    config = Qwen2Config(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        return Qwen2ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("which", ["tiny", "qwen2"])
+def test_packed_weights_on_a_cpu_compute_what_the_eager_backend_does(private_cache, scheme, which):
+    """On a CPU the graph backend's int8 / int4 weights are the eager backend's packed layers (`quantize_model`, one
+    cache entry for both), q/k/v and gate/up joined into one product each where the codes join; its attention is the
+    eager backend's CPU attention (spec/models/attention.py) over the cached text. PyTorch's CPU kernels sum each
+    output over the inputs in one order whatever the other rows, so a joined product computes what the separate ones
+    do, and the logits are equal, not close: through prompts, steps, rollbacks and a token tree."""
+    from spec import tree
+    from spec.models.graph import Side
+    from spec.models.quant import QuantLinear
+
+    build = (lambda: build_tiny("target", torch.device("cpu"), torch.float32)) if which == "tiny" else wide_qwen2
+    eager = make_model(build(), None, "eager", "target", quant=scheme)
+    static = make_model(build(), None, "graph", "target", quant=scheme)
+    assert isinstance(static, GraphModel) and static.quantized["scheme"] == scheme
+    assert static.quantized["cache"] == "cached"  # the eager load wrote the entry; the graph backend read it
+    qkv, gate_up = static.layers[0][1][0], static.layers[0][4][0]
+    joined = scheme == "int8" or which == "qwen2"
+    assert isinstance(qkv, QuantLinear if joined else Side) and isinstance(gate_up, QuantLinear)
+    assert static.weight_bytes() == eager.weight_bytes() < parameter_bytes(build()) / 2
+    assert random_walk(eager, static, 40, seed=4) == 0.0
+    for model in (eager, static):
+        model.reset()
+        model.forward(list(range(30, 50)))
+    nodes, parents = [7, 9, 11, 13, 15], (-1, -1, 0, 0, 1)
+    layout = tree.layout(parents, 0, len(nodes), 20)
+    assert torch.equal(eager.forward(nodes, tree=layout), static.forward(nodes, tree=layout))
+    for model in (eager, static):
+        model.keep(20, [20, 22])  # the path root 7 -> its child 11
+    assert torch.equal(eager.forward([3]), static.forward([3]))
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_greedy_identity_with_packed_weights_on_the_static_cache(private_cache, scheme):
+    """A packed draft on the graph backend on a CPU, chains and a tree: speculation writes the fp32 target's plain
+    text. With a packed target too, both backends write the same texts, plain and speculative: they compute the same
+    logits. (Those texts need not be equal to each other here: the packed products round their outputs to bf16, so
+    the tiny target's logits tie exactly at one step in 40, 0.0 apart, and a step and a verify may break a tie apart,
+    as in docs/exactness.md.)"""
+    cpu = torch.device("cpu")
+    prompt = list(range(40, 60))
+    shapes = (4, (2, 2, 1))  # a chain of 4, a tree of depth 3
+
+    def texts(backend, target_quant):
+        target = make_model(build_tiny("target", cpu, torch.float32), None, backend, "target", quant=target_quant)
+        draft = make_model(build_tiny("draft", cpu, torch.float32), None, backend, "draft", quant=scheme)
+        runs = [generate(target, NoDrafter(), prompt, 40, k=0)]
+        for shape in shapes:
+            drafter = ModelDrafter(draft) if isinstance(shape, int) else ModelDrafter(draft, shape)
+            runs.append(generate(target, drafter, prompt, 40, k=shape if isinstance(shape, int) else len(shape)))
+        assert all(0 < run.accepted < run.drafted for run in runs[1:])
+        return [run.tokens for run in runs]
+
+    plain, *spec = texts("graph", "none")
+    assert spec == [plain] * len(shapes)
+    assert texts("graph", scheme) == texts("eager", scheme)
 
 
 def test_unsupported_architecture_falls_back():

@@ -549,20 +549,48 @@ def test_kernel_layout_holds_the_same_codes(scheme, dtype):
         qz.pack_for_kernels(torch.zeros(4, 100), "int4")
 
 
-def test_graph_backend_takes_quantized_weights_only_through_its_fused_kernels():
-    """Without the fused step (a CPU here: no split-KV attention) the graph backend refuses int8 / int4 weights with
-    the reason, and `auto` falls back to the eager backend's quantized layers."""
+def test_graph_backend_on_a_cpu_runs_the_eager_backends_packed_layers():
+    """Without the fused kernels (a CPU here) the graph backend takes int8 / int4 weights as the eager backend's
+    packed layers, and refuses unknown formats and fp8 with the reason; `auto` picks it on a CPU too."""
     from spec.models import GraphModel, make_model
 
     model = build_tiny("draft", "cpu", torch.float32)
-    with pytest.raises(ModelError, match="int8 weights on the graph backend run in its fused kernels"):
-        GraphModel(model, graphs=False, quant="int8")
     with pytest.raises(ModelError, match="unknown quantization"):
         GraphModel(model, graphs=False, quant="int3")
-    wrapped = make_model(model, None, "auto", "draft", quant="int8")
-    assert isinstance(wrapped, EagerModel) and wrapped.quantized["scheme"] == "int8"
-    assert isinstance(model.lm_head, qz.QuantLinear)
+    with pytest.raises(ModelError, match="fp8"):
+        GraphModel(model, graphs=False, quant="fp8")
+    static = GraphModel(model, graphs=False, quant="int8")
+    assert static.quantized["scheme"] == "int8" and isinstance(model.lm_head, qz.QuantLinear)
+    wrapped = make_model(build_tiny("draft", "cpu", torch.float32), None, "auto", "draft", quant="int8")
+    assert isinstance(wrapped, GraphModel) and wrapped.quantized["scheme"] == "int8"
     assert make_model(build_tiny("draft", "cpu", torch.float32), None, "eager", "draft").quantized is None
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_joined_packed_layers_compute_what_each_one_does(scheme):
+    """`fuse_packed`: one layer for several on the same input gives each one's outputs side by side, bit for bit
+    (the same codes and scales per output row, each output summed by the same kernel), and the layers, whose codes
+    became slices of the joined ones, still compute what they did. int4 rows join only where PyTorch's CPU layout
+    allows it (checked on the installed torch), and layers of other formats or inputs do not join."""
+    gen = torch.Generator().manual_seed(3)
+    linears = [torch.nn.Linear(96, rows, bias=True) for rows in (128, 64, 80)]
+    for linear in linears:
+        torch.nn.init.normal_(linear.weight, generator=gen)
+    layers = [qz.QuantLinear(linear, scheme) for linear in linears]
+    x = torch.randn(3, 96, generator=gen)
+    alone = [layer(x) for layer in layers]
+    joined = qz.fuse_packed(layers)
+    assert joined.out_features == 272 and joined.bias.shape == (272,)
+    assert torch.equal(joined(x), torch.cat(alone, -1))
+    assert all(torch.equal(layer(x), out) for layer, out in zip(layers, alone))
+    assert layers[1].codes.untyped_storage().data_ptr() == joined.codes.untyped_storage().data_ptr()
+    assert qz.packed_bytes(torch.nn.ModuleList(layers)) == sum(t.nbytes for t in joined.buffers()) + 272 * 4
+    odd = [qz.QuantLinear(torch.nn.Linear(96, 80), scheme), qz.QuantLinear(torch.nn.Linear(96, 64), scheme)]
+    assert (qz.fuse_packed(odd) is None) == (scheme == "int4")  # 80 rows end mid-block of the int4 layout
+    assert qz.fuse_packed([qz.QuantLinear(torch.nn.Linear(96, 64), scheme),
+                           qz.QuantLinear(torch.nn.Linear(96, 64), "int8" if scheme == "int4" else "int4")]) is None
+    assert qz.fuse_packed([qz.QuantLinear(torch.nn.Linear(96, 64), scheme),
+                           qz.QuantLinear(torch.nn.Linear(64, 64), scheme)]) is None
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

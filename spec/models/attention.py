@@ -59,15 +59,48 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
         m = min(CHUNK, n - start)
         # Head h = j * groups + i reads K/V head j (transformers' repeat_kv): rows i * m + t of group j.
         q = query[:, :, start:start + m].reshape(b, kv_heads, groups * m, d).float()
-        scores = torch.matmul(q, keys_t) * scaling  # [b, kv, groups * m, cached]
+        rows = None
         if mask is not None:
             rows = mask[:, :, start:start + m] if mask.shape[2] > 1 else mask
             rows = (rows[:, :, None] if rows.shape[1] == 1 else
                     rows.reshape(rows.shape[0], kv_heads, groups, rows.shape[2], cached))
-            scores = (scores.view(b, kv_heads, groups, m, cached) + rows).view(b, kv_heads, groups * m, cached)
-        probs = torch.softmax(scores, dim=-1)
-        out[:, :, start:start + m] = torch.matmul(probs, values).view(b, heads, m, d)
+        out[:, :, start:start + m] = attend(q, keys_t, values, scaling, rows, groups).view(b, heads, m, d)
     return out.transpose(1, 2).contiguous(), None
+
+
+def attend(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, scaling: float,
+           mask: torch.Tensor | None = None, groups: int = 1) -> torch.Tensor:
+    """The arithmetic, for one chunk of queries, in fp32: q [..., kv_heads, groups * m, D], keys_t [..., kv_heads, D,
+    cached], values [..., kv_heads, cached, D], an additive mask that broadcasts to [..., kv_heads, groups, m,
+    cached] or None -> [..., kv_heads, groups * m, D]."""
+    scores = torch.matmul(q, keys_t) * scaling
+    if mask is not None:
+        shape = scores.shape
+        scores = (scores.view(*shape[:-2], groups, shape[-2] // groups, shape[-1]) + mask).view(shape)
+    return torch.matmul(torch.softmax(scores, dim=-1), values)
+
+
+def cached_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n: int,
+                     visible: torch.Tensor | None, scaling: float) -> torch.Tensor:
+    """The same attention for the graph backend's static cache on a CPU: q [kv_heads, groups * n, D] (row g * n + t:
+    token t's query for the group's head g), keys / values [kv_heads, cached, D], `visible` [n, cached] bool (None:
+    every token sees every cached position) -> [kv_heads, groups * n, D] in q's dtype. `attend` on the same chunks
+    as `grouped_attention`, so both backends compute each token's attention alike."""
+    kv_heads, rows, d = q.shape
+    groups = rows // n
+    keys_t, values = keys.float().transpose(-1, -2), values.float()
+    mask = None if visible is None else torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
+    if n <= CHUNK:
+        return attend(q.float(), keys_t, values, scaling, mask, groups).to(q.dtype)
+    out = torch.empty((kv_heads, groups, n, d), dtype=q.dtype)
+    by_token = q.view(kv_heads, groups, n, d)
+    for start in range(0, n, CHUNK):
+        m = min(CHUNK, n - start)
+        chunk = by_token[:, :, start:start + m].reshape(kv_heads, groups * m, d).float()
+        rows_mask = None if mask is None else mask[start:start + m]
+        out[:, :, start:start + m] = attend(chunk, keys_t, values, scaling, rows_mask, groups).view(
+            kv_heads, groups, m, d)
+    return out.view(kv_heads, rows, d)
 
 
 AttentionInterface.register(NAME, grouped_attention)

@@ -2,8 +2,8 @@
 
 `Model` is the interface the loop, the drafters and the tasks are typed against. Two backends implement it:
 `spec.models.eager.EagerModel` (transformers' forward over a DynamicCache; runs everywhere) and
-`spec.models.graph.GraphModel` (a static KV cache and CUDA graphs; CUDA, Llama/Qwen2). The loop cannot tell them
-apart.
+`spec.models.graph.GraphModel` (a static KV cache, with CUDA graphs on a GPU; Llama/Qwen2). The loop cannot tell
+them apart.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from spec.models.attention import use_grouped_attention
-from spec.models.quant import QuantLinear
+from spec.models.quant import packed_bytes
 
 ALIGNMENT = 64  # bytes: a cache line; what PyTorch's CPU allocator gives every tensor it makes
 
@@ -143,6 +143,4 @@ class EagerModel:
     def weight_bytes(self) -> int:
         """Bytes one decode step must read: every parameter once (tied embeddings counted once), and the buffers
         of quantized layers (their packed weights and scales)."""
-        tensors = [*self.model.parameters(), *(b for m in self.model.modules() if isinstance(m, QuantLinear)
-                                               for b in m.buffers(recurse=False))]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return packed_bytes(self.model)

@@ -18,6 +18,13 @@ an H200, against a 3.75 ms memory roofline; docs/gpu.md). `GraphModel` removes t
   mask per token, the rotary tables' slot rows hold the nodes' depth rows, a graph is captured per node count, and
   `keep` moves the accepted path's keys and values to consecutive slots (docs/trees.md).
 
+On a CPU (no graphs, nothing compiled; `--backend auto` picks it there for Llama/Qwen2) the same static cache runs
+the layer stack below, with the eager backend's CPU attention (spec/models/attention.py) over the cached text, and
+with int8 / int4 weights the eager backend's packed layers (spec/models/quant.py's `QuantLinear`, PyTorch's CPU
+kernels, their cache), q/k/v and gate/up each joined into one product. Packed, its logits equal the eager backend's
+bit for bit; unpacked, its joined bf16 / fp32 products may round differently. Less runs around the products
+(docs/quantization.md, "The graph backend on a CPU").
+
 The layer stack is a compact re-statement of the transformers Llama/Qwen2 decoder that runs on the transformers
 model's own modules and weights: norms, activation, embedding, head and rotary tables are the model's; q/k/v and
 gate/up projections are fused into one matrix each, and the model's own parameters are re-pointed at slices of the
@@ -36,8 +43,20 @@ import torch
 import torch.nn.functional as F
 
 from spec.models import kernels
+from spec.models.attention import cached_attention
 from spec.models.base import ModelError, parameter_bytes, sliding_window, sync_time
-from spec.models.quant import PackedWeight, library_layout_error, pack_for_kernels, quant_error, with_library_layout
+from spec.models.eager import align_weights
+from spec.models.quant import (
+    PackedWeight,
+    QuantLinear,
+    fuse_packed,
+    library_layout_error,
+    pack_for_kernels,
+    packed_bytes,
+    quant_error,
+    quantize_model,
+    with_library_layout,
+)
 
 MAX_GRAPH_TOKENS = 64  # forwards up to this many tokens are graphed; chains stay far below, a tree's verify may not
 MAX_TREE_TOKENS = MAX_GRAPH_TOKENS + 1  # a tree forward: up to 64 nodes and the token they grow from
@@ -78,9 +97,13 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
-def _fuse(linears: Sequence[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _fuse(linears: Sequence[torch.nn.Linear | QuantLinear]) -> tuple[torch.Tensor | QuantLinear, torch.Tensor | None]:
     """One [sum(out), in] weight (and bias) for several Linear layers on the same input; the layers' own
-    parameters become row slices of it, so the memory is not doubled and the layers still work."""
+    parameters become row slices of it, so the memory is not doubled and the layers still work. Packed CPU layers
+    (`QuantLinear`, a model on a CPU with int8 / int4 weights) become one such layer (its bias inside), or stay a
+    `Side` of products where their codes cannot be joined (`quant.fuse_packed`)."""
+    if all(isinstance(lin, QuantLinear) for lin in linears):
+        return fuse_packed(list(linears)) or Side(linears), None
     weight = torch.cat([lin.weight.data for lin in linears])
     biases = [lin.bias for lin in linears]
     bias = torch.cat([b.data for b in biases]) if all(b is not None for b in biases) else None
@@ -94,6 +117,22 @@ def _fuse(linears: Sequence[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tenso
             lin.bias.data = bias[start : start + rows]
         start += rows
     return weight, bias
+
+
+class Side(torch.nn.Module):
+    """Several layers on one input, their outputs side by side: what `_fuse` gives where weights cannot be joined."""
+
+    def __init__(self, layers: Sequence[torch.nn.Module]):
+        super().__init__()
+        self.parts = torch.nn.ModuleList(layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], -1)
+
+
+def _product(x: torch.Tensor, weight: torch.Tensor | torch.nn.Module, bias: torch.Tensor | None) -> torch.Tensor:
+    """x times a fused matrix: a weight tensor (and bias), or a module that holds both (packed CPU weights)."""
+    return weight(x) if isinstance(weight, torch.nn.Module) else F.linear(x, weight, bias)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -169,6 +208,12 @@ class GraphModel:
         if graphs and not self.graphs:
             raise ModelError(f"{name}: CUDA graphs need a CUDA device (this model is on {self.device})")
         self.length = 0
+        # int8 / int4 weights on a CPU: the eager backend's packed layers (PyTorch's CPU kernels, `quantize_model`,
+        # whose cache they come from), q/k/v and gate/up each joined into one; `quantized` says what was done.
+        self.cpu_packed = quant != "none" and self.device.type == "cpu"
+        if self.cpu_packed:
+            self.quantized = quantize_model(model, quant, name)
+        align_weights(model)  # on a CPU, as the eager backend does: its products read aligned weights faster
 
         attn0 = model.model.layers[0].self_attn
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -232,7 +277,7 @@ class GraphModel:
         self.fused_tokens = fused_tokens
         # int8 / int4 weights (spec/models/quant.py) run in the fused kernels only: every forward must go through
         # them, prompts included (in chunks), so the layer stack never runs.
-        if quant != "none" and fused_tokens < 2:
+        if quant != "none" and fused_tokens < 2 and not self.cpu_packed:
             why = fused_step_reason(model) or ("the split-KV attention is off" if not split_attention else
                                                f"fused_tokens={fused_tokens} sends prompts to the layer stack")
             raise ModelError(f"{name}: {quant} weights on the graph backend run in its fused kernels, which cannot "
@@ -250,9 +295,10 @@ class GraphModel:
 
         with torch.no_grad():
             start = time.perf_counter()
-            self.step_weights = [(pack(w_qkv), pack(o.weight), pack(w_gu), pack(d.weight))
-                                 for _, (w_qkv, _), o, _, (w_gu, _), _, d in self.layers]
-            self.head_weight = pack(model.lm_head.weight)
+            if not self.cpu_packed:  # (the packed CPU layers are the model's own)
+                self.step_weights = [(pack(w_qkv), pack(o.weight), pack(w_gu), pack(d.weight))
+                                     for _, (w_qkv, _), o, _, (w_gu, _), _, d in self.layers]
+                self.head_weight = pack(model.lm_head.weight)
             self.quant_seconds = time.perf_counter() - start
         # Prompts go through the fused kernels in chunks of this many tokens (0: through the layer stack).
         self.prefill_chunk = fused_tokens if fused_tokens > 1 else 0
@@ -286,6 +332,8 @@ class GraphModel:
         b = span.shape[0]
         groups = self.heads // self.kv_heads
         q_pos = pos + torch.arange(n, device=ids.device)  # [n]: the cache slots
+        # (on a CPU nothing is captured, so the slots can be a slice: a cheaper write than by index)
+        slots = slice(int(pos), int(pos) + n) if ids.device.type == "cpu" else q_pos
         rope = self.tree_positions[:n] if tree else q_pos
         mask = self.tree[: n + 1] if tree else None
         cos, sin = self.cos[rope][:, None], self.sin[rope][:, None]  # [n, 1, D]
@@ -294,27 +342,33 @@ class GraphModel:
         h = self.model.model.embed_tokens(ids)  # [n, hidden]
         for i, (norm1, (w_qkv, b_qkv), o_proj, norm2, (w_gu, b_gu), act, down) in enumerate(self.layers):
             x = norm1(h)
-            qkv = F.linear(x, w_qkv, b_qkv)
+            qkv = _product(x, w_qkv, b_qkv)
             q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
                                  self.kv_heads * self.head_dim], dim=-1)
             q = q.view(n, self.heads, self.head_dim)
             k = k.view(n, self.kv_heads, self.head_dim)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            self.k_cache[i][:, q_pos] = k.transpose(0, 1)
-            self.v_cache[i][:, q_pos] = v.view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+            self.k_cache[i][:, slots] = k.transpose(0, 1)
+            self.v_cache[i][:, slots] = v.view(n, self.kv_heads, self.head_dim).transpose(0, 1)
             q = q.view(n, self.kv_heads, groups, self.head_dim).permute(1, 2, 0, 3).reshape(
                 self.kv_heads, groups * n, self.head_dim)
             if self.split_attention:
                 out = kernels.decode_attention(q, self.k_cache[i], self.v_cache[i], pos, b, n, self.scaling, self.pdl,
                                                mask)
+            elif self.device.type == "cpu":  # the eager backend's CPU attention, over the cached text only
+                end = slots.stop
+                visible = (None if mask is None and n == 1 else kernels.tree_visible(mask, n, n, end) if tree else
+                           span[:end][None] <= q_pos[:, None])
+                out = cached_attention(q, self.k_cache[i][:, :end], self.v_cache[i][:, :end], n, visible,
+                                       self.scaling)
             else:
                 out = kernels.masked_sdpa(q, self.k_cache[i], self.v_cache[i], pos, b, n, self.scaling, mask)
             # out: [kv, groups*n, D]
             out = out.view(self.kv_heads, groups, n, self.head_dim).permute(2, 0, 1, 3).reshape(n, -1)
             h = h + o_proj(out)
             x = norm2(h)
-            gate, up = F.linear(x, w_gu, b_gu).split(self.intermediate, dim=-1)
+            gate, up = _product(x, w_gu, b_gu).split(self.intermediate, dim=-1)
             h = h + down(act(gate) * up)
         return self.model.model.norm(h)
 
@@ -602,6 +656,8 @@ class GraphModel:
     def weight_bytes(self) -> int:
         """Bytes one decode step must read: every parameter once (tied embeddings counted once); with int8 / int4
         weights, the packed matrices and head in place of theirs (the model's own copies stay, unread)."""
+        if self.cpu_packed:  # the packed layers' buffers; the joined ones are slices of theirs
+            return packed_bytes(self.model)
         total = parameter_bytes(self.model)
         if self.quant == "none":
             return total

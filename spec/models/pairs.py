@@ -109,14 +109,17 @@ def make_model(model, vocab: int | None, backend: str, name: str, max_length: in
         raise ModelError(f"unknown backend {backend!r}; choose {', '.join(BACKENDS)}")
     if backend != "eager":
         reason = unsupported_reason(model)
-        if reason is None and model.device.type != "cuda":
-            reason = f"it needs a CUDA device (the model is on {model.device})"
+        cuda = model.device.type == "cuda"
+        if reason is None and not cuda and model.device.type != "cpu":
+            reason = f"it runs on CUDA or a CPU (the model is on {model.device})"
         if reason is None:
             if quant == AUTO:
-                quant = _auto(model, name, packed_weights_reason(model) is None)
-            graph = GraphModel(model, vocab, name=name, max_length=max_length, compile=compile, pdl=pdl, quant=quant)
-            graph.quantized = None if quant == "none" else {
-                "scheme": quant, "seconds": graph.quant_seconds, "cache": "packed on the GPU for the fused kernels"}
+                quant = _auto(model, name, cuda and packed_weights_reason(model) is None)
+            graph = GraphModel(model, vocab, name=name, max_length=max_length, graphs=cuda, compile=compile, pdl=pdl,
+                               quant=quant)
+            if cuda:  # (on a CPU the packed layers are the eager backend's, and GraphModel says how they came)
+                graph.quantized = None if quant == "none" else {
+                    "scheme": quant, "seconds": graph.quant_seconds, "cache": "packed on the GPU for the fused kernels"}
             return graph
         if backend == "graph":
             raise ModelError(f"{name}: --backend graph cannot run: {reason}")

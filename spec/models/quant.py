@@ -41,6 +41,7 @@ once), and in the eager backend as int8 does on CUDA. A CPU, or an older GPU, is
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -257,20 +258,85 @@ class QuantLinear(torch.nn.Module):
         self.register_buffer("scales", scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(self.scales.dtype).contiguous()
+        # (each cast or slice only where it changes something: a decode step runs some 100 of these, and on a CPU
+        # every no-op call costs microseconds)
+        flat = x.reshape(-1, self.in_features)
+        if flat.dtype != self.scales.dtype:
+            flat = flat.to(self.scales.dtype)
+        flat = flat.contiguous()
         if self.scheme == "fp8" or self.scheme == "int8" and flat.is_cuda:  # cast, multiply, scale rows (gpt-fast's
             y = torch.nn.functional.linear(flat, self.codes.to(flat.dtype)) * self.scales  # WeightOnlyInt8Linear)
         elif self.scheme == "int8":
             y = torch.ops.aten._weight_int8pack_mm(flat, self.codes, self.scales)
         else:
-            y = int4_library_mm(flat, self.codes, self.group, self.scales)[:, : self.out_features]
+            y = int4_library_mm(flat, self.codes, self.group, self.scales)
+            if self.rows != self.out_features:
+                y = y[:, : self.out_features]
         if self.bias is not None:
             y = y + self.bias
-        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, {self.scheme}" + (
             f", groups of {self.group}" if self.scheme == "int4" else "")
+
+
+def fuse_packed(layers: list[QuantLinear]) -> QuantLinear | None:
+    """One `QuantLinear` for several on the same input, their outputs side by side (the graph backend's q/k/v and
+    gate/up on a CPU: one product instead of three or two), or None where their packed codes cannot be joined.
+
+    Codes and scales are per output row, so the joined layer holds the same numbers and computes the same outputs.
+    Joining int8 codes [N, K] and their scales [N], or int4 scales_and_zeros [K / group, rows, 2], is a concatenation.
+    PyTorch's CPU int4 layout blocks the rows (by 64 on this project's AVX-512 CPU), so joining packed int4 codes
+    equals packing the joined codes only where every layer but the last fills whole blocks and has no padding rows:
+    `_int4_codes_join` checks exactly that on the installed torch, for these shapes. The layers' codes become row
+    slices of the joined codes (no second copy); their scales stay their own (a quarter of int4 codes' bytes)."""
+    first = layers[0]
+    if any(layer.scheme != first.scheme or layer.group != first.group or layer.in_features != first.in_features
+           or layer.codes.device != first.codes.device for layer in layers):
+        return None
+    biases = [layer.bias for layer in layers]
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        return None
+    rows = [layer.rows for layer in layers]
+    if first.scheme == "int4" and (any(layer.rows != layer.out_features for layer in layers[:-1]) or
+                                   not _int4_codes_join(tuple(rows), first.in_features)):
+        return None
+    fused = QuantLinear.__new__(QuantLinear)
+    torch.nn.Module.__init__(fused)
+    fused.scheme, fused.group, fused.in_features = first.scheme, first.group, first.in_features
+    fused.out_features = sum(layer.out_features for layer in layers)
+    fused.rows = sum(rows)
+    fused.bias = None if biases[0] is None else torch.nn.Parameter(torch.cat([b.detach() for b in biases]),
+                                                                   requires_grad=False)
+    fused.register_buffer("codes", torch.cat([layer.codes for layer in layers]))
+    fused.register_buffer("scales", torch.cat([layer.scales for layer in layers], 1 if first.scheme == "int4" else 0))
+    start = 0
+    for layer in layers:
+        size = layer.codes.shape[0]
+        layer.codes = fused.codes[start : start + size]
+        start += size
+    return fused
+
+
+@functools.cache
+def _int4_codes_join(rows: tuple[int, ...], inputs: int) -> bool:
+    """Whether PyTorch's CPU int4 packing of codes [sum(rows), inputs] equals its packings of the row blocks `rows`
+    joined (tried on random codes: the layout is the installed torch's)."""
+    codes = torch.randint(0, 16, (sum(rows), inputs), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    whole = int4_library_codes(codes)
+    parts = torch.cat([int4_library_codes(part) for part in codes.split(list(rows))])
+    return parts.shape == whole.shape and torch.equal(parts, whole)
+
+
+def packed_bytes(model) -> int:
+    """Bytes one decode step of `model` reads once its Linear layers may be `QuantLinear`s: every parameter once (tied
+    embeddings counted once) and the quantized layers' buffers (their packed weights and scales)."""
+    tensors = [*model.parameters(), *(b for m in model.modules() if isinstance(m, QuantLinear)
+                                      for b in m.buffers(recurse=False))]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def pack_error(shape: tuple[int, int], scheme: str, group: int = GROUP, cuda: bool = False) -> str | None:
