@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"plain greedy: {len(result.tokens)} tokens in {seconds:.2f} s ({len(result.tokens) / seconds:.2f} tok/s, "
           f"prompt of {len(ids)} tokens prefilled in {result.prefill_s:.2f} s)")
     out = {"task": "check_pair", "pair": pair.name, "why": pair.why, "device": str(pair.device),
-           "dtype": dtype_name(pair.dtype), **pair.quant_setup(), "load_seconds": pair.load_seconds,
+           "dtype": dtype_name(pair.dtype), **pair.setup_fields(), "load_seconds": pair.load_seconds,
            "vocab": target.vocab, "tokens": len(result.tokens), "seconds": seconds,
            "tok_s": len(result.tokens) / seconds}
     print(f"saved {save_json('check_pair', out)}")

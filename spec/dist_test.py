@@ -352,7 +352,7 @@ def main(argv=None) -> int:
         p, q, at = real_rows(pair, args.sampling, args.prompt)
         alpha = float(torch.minimum(p, q).sum())
         extra["real_rows"] = {"pair": pair.name, "answer_position": at, "alpha": alpha, "vocab": p.shape[-1],
-                              **pair.quant_setup()}
+                              **pair.setup_fields()}
         draft = "" if pair.draft_quant == "none" else f", {pair.draft_quant} draft"  # q is that draft's
         checks += done(rule_checks(f"{pair.name} rows{draft}, alpha {alpha:.2f}", p, q, variants, args.n, args.seed))
         del pair

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(table(totals, [("id", "s"), ("tokens", "d"), ("identical", "s"), ("alpha", ".2f"),
                          ("tokens_per_round", ".2f"), ("plain_tok_s", ".2f"), ("spec_tok_s", ".2f"),
                          ("speedup", ".2f")]))
-    result = {"task": "lookup", "pair": pair.name, "device": str(pair.device), **pair.quant_setup(),
+    result = {"task": "lookup", "pair": pair.name, "device": str(pair.device), **pair.setup_fields(),
               "args": {**vars(args), "k": k_label(args.k)}, "totals": {t["id"]: t for t in totals}}
     print(f"saved {results.finish(result)}")  # each row names its set
     if not all(t["identical"] for t in totals):

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.compare_hf:
         print(f"transformers: plain {total['hf_plain_tok_s']:.2f} tok/s, assisted {total['hf_assisted_tok_s']:.2f} "
               f"tok/s; ours vs assisted {total['ours_vs_hf_assisted']:.2f}x")
-    result = {"task": "spec_greedy", "pair": pair.name, "device": str(pair.device), **pair.quant_setup(),
+    result = {"task": "spec_greedy", "pair": pair.name, "device": str(pair.device), **pair.setup_fields(),
               "dtype": dtype, "args": {**vars(args), "k": k_label(args.k),
                                                    "tree": args.tree and tree.describe(args.tree)},
               "total": total}

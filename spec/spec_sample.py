@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"{report['alpha_standard']:.3f} standard ({report['tokens_per_round_coupled']:.2f} vs "
               f"{report['tokens_per_round_standard']:.2f} tokens/round)")
         result = {"task": "spec_sample", "mode": "coupled", "pair": pair.name, "device": str(pair.device),
-                  **pair.quant_setup(),
+                  **pair.setup_fields(),
                   "args": {**vars(args), "k": k_label(args.k)}, **report}
         print(f"saved {results.finish(result)}")
         if not report["identical"]:
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"alpha-hat {total['alpha']:.2f}, {total['tokens_per_round']:.2f} tokens/round, speedup "
           f"{total['speedup']:.2f}x; same seed, same tokens: "
           f"{ {True: 'yes', False: 'NO', None: 'not checked (adaptive K)'}[reproducible] }")
-    result = {"task": "spec_sample", "pair": pair.name, "device": str(pair.device), **pair.quant_setup(),
+    result = {"task": "spec_sample", "pair": pair.name, "device": str(pair.device), **pair.setup_fields(),
               "args": {**vars(args), "k": k_label(args.k)}, "reproducible": reproducible, "total": total}
     print(f"saved {results.finish(result)}")
     if reproducible is False:

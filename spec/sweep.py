@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     title = f"{pair.name} on {pair.device}, {len(prompts)} prompts x {args.max_new_tokens} tokens"
     setup = {"pair": pair.name, "device": str(pair.device), "dtype": dtype_name(pair.dtype),
-             **pair.quant_setup(),
+             **pair.setup_fields(),
              "prompts": args.prompts, "limit": len(prompts), "max_new_tokens": args.max_new_tokens, "ks": args.k,
              "methods": args.methods, "reps": args.reps, "temperature": args.temperature, "seed": args.seed}
     if args.alpha is not None:

@@ -327,7 +327,7 @@ def main(argv=None) -> dict:
     if summary := parting_summary(measured):
         print(summary)
     result = {"task": "tree_sweep", "pair": pair.name, "device": str(pair.device), "dtype": dtype_name(pair.dtype),
-              **pair.quant_setup(),
+              **pair.setup_fields(),
               "args": {**vars(args), "trees": [describe(t) for t in args.trees]},
               "target_step_s": step, "draft_cost": draft_cost, "verify": verify, "verify_chain": verify_chain,
               "host": host,

@@ -398,7 +398,7 @@ def test_the_target_report_is_measured_on_the_reference_text(report_pair):
     that predict the text, torch's kl_div), row for row."""
     pair, report = report_pair, report_pair.target_report
     assert pair.target_quant == "int4" and isinstance(pair.target.model.lm_head, qz.QuantLinear)
-    assert pair.quant_setup()["target_quant_report"] is report and report["format"] == "int4"
+    assert pair.setup_fields()["target_quant_report"] is report and report["format"] == "int4"
     assert 0 <= report["agreement"] <= 1 and report["kl_mean"] > 0 and report["prompts"] == 3
     reference = build_tiny("target", torch.device("cpu"), torch.float32)
 
@@ -491,6 +491,7 @@ def test_spec_greedy_names_the_target_format_and_reports_it(monkeypatch, tmp_pat
                             "--target-quant", "int8", "--quiet"])
     printed = capsys.readouterr().out
     assert out["target_quant"] == "int8" and out["draft_quant"] == "int4"  # --draft-quant auto, on a CPU
+    assert out["backend"] == "graph"  # --backend auto: a Llama on a CPU gets the static cache
     report = out["target_quant_report"]
     assert report["prompts"] == 2 and report["positions"] <= 16 and 0 <= report["agreement"] <= 1  # its own set
     assert "int8 TARGET" in printed and "plain greedy decoding of the int8 target" in printed

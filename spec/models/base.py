@@ -39,6 +39,7 @@ class Model(Protocol):
     """
 
     name: str
+    backend: str  # "eager" or "graph": the --backend that names it
     vocab: int
     device: torch.device
     length: int

@@ -77,6 +77,7 @@ class EagerModel:
     """
 
     quantized: dict | None = None  # int8 / int4 weights: what make_model did (spec/models/pairs.py), else None
+    backend = "eager"  # the --backend that names it
 
     def __init__(self, model, vocab: int | None = None, name: str = "model"):
         self.model = model.eval()

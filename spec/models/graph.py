@@ -186,6 +186,7 @@ class GraphModel:
     """
 
     quantized: dict | None = None  # int8 / int4 weights: what make_model did (spec/models/pairs.py), else None
+    backend = "graph"  # the --backend that names it
 
     def __init__(self, model, vocab: int | None = None, name: str = "model", max_length: int | None = None,
                  graphs: bool = True, compile: bool | None = None, split_attention: bool | None = None,

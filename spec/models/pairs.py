@@ -163,9 +163,11 @@ class Pair:
     target_quant: str = "none"  # the target's: anything but none CHANGES THE MODEL that is served
     target_report: dict | None = None  # the quantized target against the unquantized one (spec/models/quant_report)
 
-    def quant_setup(self) -> dict:
-        """The weight formats, for every task's JSON: exactness claims are against the target as served."""
-        return {"draft_quant": self.draft_quant, "target_quant": self.target_quant,
+    def setup_fields(self) -> dict:
+        """The backend that ran and the weight formats, for every task's JSON: exactness claims are against the
+        target as served."""
+        backend = getattr(self.target, "backend", type(self.target).__name__)  # (a test's stand-in has none)
+        return {"backend": backend, "draft_quant": self.draft_quant, "target_quant": self.target_quant,
                 "target_quant_report": self.target_report}
 
     def prepare(self, max_drafts: int, context: int, tree_nodes: int = 0) -> None:
