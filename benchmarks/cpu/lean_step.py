@@ -1,9 +1,11 @@
-"""How much of an int4 model's CPU step is transformers' and ours around the products: today's eager backend beside a
-lean forward of the same int4 weights, one process, switched in turn.
+"""How much of an int4 model's CPU step is transformers' and ours around the products: the eager backend and the graph
+backend (its static cache on a CPU, since session 32) beside a lean forward of the same int4 weights, one process,
+switched in turn.
 
     python benchmarks/cpu/lean_step.py --pair qwen-coder --roles target,draft --tokens 1,2,4
 
-A measurement for a decision not yet taken (docs/quantization.md, "Not yet"). The lean forward is this file's own
+Session 31 measured the lean forward to decide whether to build the graph backend's CPU path; session 32 built it and
+added its column (docs/quantization.md, "The graph backend on a CPU"). The lean forward is this file's own
 few lines for Qwen2/Llama layers: q/k/v as one int4 product and gate/up as one (PyTorch's CPU int4 kernel, the
 packing `spec.models.quant.pack` makes; grouped per output row, so the fused matrices hold the same codes and scales
 as the separate layers), a static K/V cache, the rotary tables made once, and spec/models/attention.py's
@@ -29,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from spec.harness import forward_times  # noqa: E402
 from spec.io import Results, table  # noqa: E402
 from spec.models.eager import EagerModel  # noqa: E402
-from spec.models.pairs import PAIRS, load_model, resolve_pair  # noqa: E402
+from spec.models.pairs import PAIRS, load_model, make_model, resolve_pair  # noqa: E402
 from spec.models.quant import GROUP, int4_library_mm, pack, quantize_model  # noqa: E402
 
-COLUMNS = [("role", ""), ("tokens", ""), ("eager_ms", ".2f"), ("lean_ms", ".2f"), ("eager_over_lean", ".2f"),
-           ("products_eager", ""), ("products_lean", "")]
+COLUMNS = [("role", ""), ("tokens", ""), ("eager_ms", ".2f"), ("graph_ms", ".2f"), ("lean_ms", ".2f"),
+           ("eager_over_graph", ".2f"), ("eager_over_lean", ".2f"), ("products_eager", ""), ("products_lean", "")]
 
 
 class Int4:
@@ -133,25 +135,31 @@ def main(argv: list[str] | None = None) -> None:
         lean = Lean(loaded.model)  # packs its fused matrices from the bf16 weights, before quantize_model swaps them
         quantize_model(loaded.model, "int4", what=role)
         eager = EagerModel(loaded.model)
-        eager.reset(), lean.reset()
-        a, b = eager.forward(context), lean.forward(context)
+        graph = make_model(load_model(getattr(PAIRS[name], role), torch.device("cpu"), torch.bfloat16,
+                                      role=role).model, None, "graph", role, quant="int4")
+        eager.reset(), lean.reset(), graph.reset()
+        a, b, c = eager.forward(context), lean.forward(context), graph.forward(context)
         check = {"argmax_agreement": (a.argmax(-1) == b.argmax(-1)).float().mean().item(),
-                 "max_abs_diff": (a - b).abs().max().item()}
+                 "max_abs_diff": (a - b).abs().max().item(), "graph_max_abs_diff": (a - c).abs().max().item()}
         layers = len(lean.layers)
         for n in map(int, args.tokens.split(",")):
-            for model in (eager, lean):  # the timed forward itself, on the cached text, compared too
+            for model in (eager, lean, graph):  # the timed forward itself, on the cached text, compared too
                 model.reset(), model.forward(context, keep=1)
-            step_diff = (eager.forward([5] * n) - lean.forward([5] * n)).abs().max().item()
-            times = {"eager": [], "lean": []}
+            step = eager.forward([5] * n)
+            step_diff = (step - lean.forward([5] * n)).abs().max().item()
+            graph_step_diff = (step - graph.forward([5] * n)).abs().max().item()
+            times = {"eager": [], "graph": [], "lean": []}
             for _ in range(args.rounds):
-                for side, model in (("eager", eager), ("lean", lean)):
+                for side, model in (("eager", eager), ("graph", graph), ("lean", lean)):
                     times[side] += forward_times(model, context, [5] * n, trials=args.trials)
             ms = {side: statistics.median(t) * 1e3 for side, t in times.items()}
-            row = results.add({"role": role, "tokens": n, "eager_ms": ms["eager"], "lean_ms": ms["lean"],
+            row = results.add({"role": role, "tokens": n, "eager_ms": ms["eager"], "graph_ms": ms["graph"],
+                               "lean_ms": ms["lean"], "eager_over_graph": ms["eager"] / ms["graph"],
                                "eager_over_lean": ms["eager"] / ms["lean"], "products_eager": 7 * layers + 1,
-                               "products_lean": 4 * layers + 1, **check, "forward_max_abs_diff": step_diff})
+                               "products_lean": 4 * layers + 1, **check, "forward_max_abs_diff": step_diff,
+                               "graph_forward_max_abs_diff": graph_step_diff})
             print(table([row], COLUMNS), flush=True)
-        del eager, lean, loaded
+        del eager, lean, graph, loaded
     print(table(results.rows(), COLUMNS))
     path = results.finish({"pair": name, "threads": torch.get_num_threads(), "rounds": args.rounds,
                            "trials": args.trials, "context": len(context)})

@@ -98,6 +98,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--prompts", default="short,code", help="prompt sets (default short,code)")
     parser.add_argument("--limit", type=int, default=3, help="prompts per set (default 3)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    parser.add_argument("--backends", help="backends to run each format on, in turn (e.g. eager,graph; default: "
+                        "--backend's one); the reference text is written once, on the first")
     parser.add_argument("--k", default="4", help="drafts per round, or several to run each (e.g. 1,4; default 4)")
     parser.add_argument("--llama-bench", metavar="PATH",
                         help="a llama-bench binary: measure llama.cpp on the same GGUF files and threads in this run "
@@ -105,6 +107,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     formats = [tuple(f.split("/")) for f in args.formats.split(",")]
     ks = [int(k) for k in args.k.split(",")]
+    backends = args.backends.split(",") if args.backends else [args.backend]
     if formats[0] != ("none", "none"):
         parser.error("the first --formats entry must be none/none: it is the reference every other is scored on")
     sets = {name: load_prompts(name)[: args.limit] for name in args.prompts.split(",")}
@@ -113,16 +116,16 @@ def main(argv=None) -> dict:
     threads = torch.get_num_threads()
     llama_cpp = [llama_bench(args.llama_bench, args.pair, threads, args.max_new_tokens)] if args.llama_bench else []
     llama_target = llama_cpp[0]["target"]["tok_s"] if llama_cpp else LLAMA_CPP_QUOTED["target_plain_tok_s"]
-    for target_quant, draft_quant in formats:
-        args.target_quant, args.draft_quant = target_quant, draft_quant
+    for (target_quant, draft_quant), backend in ((f, b) for f in formats for b in backends):
+        args.target_quant, args.draft_quant, args.backend = target_quant, draft_quant, backend
+        label = f"{target_quant}/{draft_quant}" + (f" {backend}" if len(backends) > 1 else "")
         pair = load_from_args(args, reference=reference)
         if reference is None:  # the bf16 target, before any quantization: the one reference text
             reference = reference_run(pair.target, [chat_ids(pair.tokenizer, p["prompt"]) for p in everything],
                                       args.max_new_tokens, pair.eos)
-            report = compare(pair.target, reference, "none")
-        else:
-            report = pair.target_report
-        loads.append({"formats": f"{target_quant}/{draft_quant}", "load_seconds": pair.load_seconds,
+        # an unquantized target on another backend is scored on the same reference too
+        report = pair.target_report if target_quant != "none" else compare(pair.target, reference, "none")
+        loads.append({"formats": label, "backend": type(pair.target).__name__, "load_seconds": pair.load_seconds,
                       "target_weight_bytes": pair.target.weight_bytes(),
                       "draft_weight_bytes": pair.draft.weight_bytes(),
                       "report": report})
@@ -130,12 +133,12 @@ def main(argv=None) -> dict:
         for k in ks:
             start = 0
             for name, prompts in sets.items():
-                rows = [results.add({"formats": f"{target_quant}/{draft_quant}", "set": name, "k": k,
+                rows = [results.add({"formats": label, "set": name, "k": k,
                                      **run_prompt(pair, p, Setup(k=k, max_new_tokens=args.max_new_tokens), k)})
                         for p in prompts]
                 per = report["per_prompt"][start: start + len(prompts)]
                 start += len(prompts)
-                summary.append(summarise(f"{target_quant}/{draft_quant}", f"{name} x{len(rows)}", k, rows, per,
+                summary.append(summarise(label, f"{name} x{len(rows)}", k, rows, per,
                                          llama_target))
         del pair
     if args.llama_bench:  # again after ours: a machine that got busier shows up as two different figures
@@ -149,9 +152,9 @@ def main(argv=None) -> dict:
     else:
         print(f"llama.cpp (quoted, not re-run): target {LLAMA_CPP_QUOTED['target_plain_tok_s']} tok/s plain, draft "
               f"{LLAMA_CPP_QUOTED['draft_plain_tok_s']} tok/s; {LLAMA_CPP_QUOTED['source']}")
-    setup = {**vars(args), "formats": [f"{t}/{d}" for t, d in formats], "threads": threads,
+    setup = {**vars(args), "formats": [f"{t}/{d}" for t, d in formats], "backends": backends, "threads": threads,
              **({"llama_cpp": llama_cpp} if llama_cpp else {"llama_cpp_quoted": LLAMA_CPP_QUOTED})}
-    for key in ("target_quant", "draft_quant"):
+    for key in ("target_quant", "draft_quant", "backend"):
         setup.pop(key)  # each row names its own
     out = results.finish({"setup": setup, "loads": loads, "summary": summary})
     print(f"wrote {out}")
