@@ -112,9 +112,10 @@ def test_a_token_tree_writes_plain_greedy_text_on_the_real_pair(real32):
 
 
 def test_the_graph_backends_static_cache_writes_plain_greedy_text_on_the_real_pair(real32):
-    """fp32, the graph backend's own code on a CPU (static KV cache, its layer stack, SDPA under the causal or the
-    tree mask, `keep`'s gather over all layers; no CUDA graphs or kernels): plain decoding through it equals the
-    eager backend's, and a K = 4 chain and a 16-node tree (2, 1, 1, 1, 1, 1, 1, 1) write that text token for token."""
+    """fp32, the graph backend's own code on a CPU (static KV cache, its layer stack, the CPU attention under the
+    causal or the tree mask, `keep`'s gather over all layers; no CUDA graphs or kernels): plain decoding through it
+    equals the eager backend's, and a K = 4 chain and a 16-node tree (2, 1, 1, 1, 1, 1, 1, 1) write that text token
+    for token."""
     from spec.drafters import ModelDrafter, NoDrafter
     from spec.models.graph import GraphModel
 
@@ -128,3 +129,25 @@ def test_the_graph_backends_static_cache_writes_plain_greedy_text_on_the_real_pa
     assert generate(target, ModelDrafter(draft), ids, 24, k=4, timing=False).tokens == eager
     tree = generate(target, ModelDrafter(draft, (2,) + (1,) * 7), ids, 24, k=8, timing=False)
     assert tree.tokens == eager and max(r.drafted for r in tree.rounds) == 16
+
+
+def test_the_graph_backend_on_a_cpu_computes_the_eager_backends_int4_logits_on_the_real_pair():
+    """int4 target and draft, as `--backend auto` runs them on a CPU: the graph backend's packed layers (the Qwen
+    shapes' q/k/v and gate/up joined) over its static cache give the eager backend's logits bit for bit on a real
+    prompt, a step and a 3-token forward after it; so its plain text is the eager backend's, and greedy speculation
+    through it (K = 4, a tree of 14 nodes) writes that text."""
+    from spec.drafters import ModelDrafter, NoDrafter
+    from spec.models.graph import GraphModel
+
+    eager = load_pair("qwen-coder", device="cpu", backend="eager", with_draft=False, target_quant="int4")
+    graph = load_pair("qwen-coder", device="cpu", backend="auto", draft_quant="int4", target_quant="int4")
+    assert isinstance(graph.target, GraphModel) and isinstance(graph.draft, GraphModel)
+    ids = chat_ids(graph.tokenizer, load_prompts("code")[2]["prompt"])
+    for new in (ids, ids[-1:], ids[-3:]):
+        assert torch.equal(eager.target.forward(new), graph.target.forward(new))
+    graph.target.reset()
+    plain = generate(graph.target, NoDrafter(), ids, 24, k=0, eos=graph.eos, timing=False).tokens
+    assert plain == generate(eager.target, NoDrafter(), ids, 24, k=0, eos=graph.eos, timing=False).tokens
+    for drafter, k in ((ModelDrafter(graph.draft), 4), (ModelDrafter(graph.draft, (2, 2, 1, 1)), 4)):
+        result = generate(graph.target, drafter, ids, 24, k=k, eos=graph.eos, timing=False)
+        assert result.tokens == plain and result.accepted > 0
