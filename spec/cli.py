@@ -42,8 +42,8 @@ def add_model_args(parser: argparse.ArgumentParser, draft: bool = True, auto_dra
                    help="default bfloat16 (float16 on mps; the tiny pair uses float32)")
     g.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="eager: transformers forward + DynamicCache (everywhere); graph: static KV cache, with CUDA "
-                        "graphs on a GPU (CUDA or CPU, Llama/Qwen2, up to 4096 positions); auto (default): graph "
-                        "where it can run, else eager")
+                        "graphs on a GPU (CUDA or CPU, Llama/Qwen2; on CUDA up to 4096 positions); auto "
+                        "(default): graph where it can run, else eager")
     g.add_argument("--quiet", action="store_true", help="no progress bars or status lines")
 
 

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"{draft['roofline_ms']:.2f} ms, c_roofline = {draft['weight_bytes'] / weight_bytes:.3f})")
     result = {
         "task": "verify_cost", "pair": pair.name, "target": args.target or pair.name, "device": str(pair.device),
-        "dtype": dtype_name(pair.dtype), "context": args.context, "trials": args.trials,
+        "dtype": dtype_name(pair.dtype), **pair.setup_fields(), "context": args.context, "trials": args.trials,
         "bandwidth_gb_s": bandwidth / 1e9, "bandwidth_source": "given" if args.bandwidth else "measured",
         "weight_bytes": weight_bytes, "roofline_ms": roofline_ms, "draft": draft,
     }

@@ -221,6 +221,10 @@ def test_packed_weights_on_a_cpu_compute_what_the_eager_backend_does(private_cac
     assert isinstance(qkv, QuantLinear if joined else Side) and isinstance(gate_up, QuantLinear)
     assert static.weight_bytes() == eager.weight_bytes() < parameter_bytes(build()) / 2
     assert random_walk(eager, static, 40, seed=4) == 0.0
+    for model in (eager, static):  # forwards of more than one attention chunk (64 queries)
+        model.reset()
+    assert torch.equal(eager.forward(list(range(3, 153))), static.forward(list(range(3, 153))))
+    assert torch.equal(eager.forward(list(range(20, 90))), static.forward(list(range(20, 90))))
     for model in (eager, static):
         model.reset()
         model.forward(list(range(30, 50)))
@@ -230,6 +234,34 @@ def test_packed_weights_on_a_cpu_compute_what_the_eager_backend_does(private_cac
     for model in (eager, static):
         model.keep(20, [20, 22])  # the path root 7 -> its child 11
     assert torch.equal(eager.forward([3]), static.forward([3]))
+
+
+def test_a_cpu_cache_grows_with_the_text(private_cache, monkeypatch):
+    """On a CPU the static cache starts at DEFAULT_MAX_LENGTH positions and grows as the text does, up to the model's
+    context (the eager backend's limit), keeping what it held: a text past its first allocation still gives the
+    eager backend's logits, bit for bit with packed weights. The transformers model runs the same attention."""
+    from spec.models import graph
+    from spec.models.attention import NAME
+
+    monkeypatch.setattr(graph, "DEFAULT_MAX_LENGTH", 256)
+    cpu = torch.device("cpu")
+    eager = make_model(build_tiny("target", cpu, torch.float32), None, "eager", "target", quant="int8")
+    static = make_model(build_tiny("target", cpu, torch.float32), None, "auto", "target", quant="int8")
+    assert static.max_length == eager.max_length == 4096 and static.k_all.shape[2] == 256
+    assert static.model.config._attn_implementation == NAME
+    prompt = list(range(10, 250))
+    assert torch.equal(eager.forward(prompt), static.forward(prompt))
+    assert random_walk(eager, static, 40, seed=5, max_new=20) == 0.0
+    assert static.length > 256 and static.k_all.shape[2] == 512
+
+
+def test_a_model_packed_by_the_eager_backend_is_taken_as_it_is(private_cache):
+    """`GraphModel` over a model whose layers are packed already (an eager load's) runs them, unasked."""
+    model = build_tiny("target", torch.device("cpu"), torch.float32)
+    eager = make_model(model, None, "eager", "target", quant="int4")
+    before = eager.forward(list(range(20)))
+    static = GraphModel(model, graphs=False)
+    assert static.cpu_packed and torch.equal(static.forward(list(range(20))), before)
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])

@@ -53,7 +53,7 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     if attention_mask is not None:  # as [b or 1, 1 or heads, n or 1, cached], additive (a bool mask: True attends)
         mask = attention_mask[..., :cached]
         if mask.dtype == torch.bool:
-            mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
+            mask = additive_mask(mask)
     out = torch.empty((b, heads, n, d), dtype=query.dtype, device=query.device)
     for start in range(0, n, CHUNK):
         m = min(CHUNK, n - start)
@@ -80,16 +80,23 @@ def attend(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, scaling:
     return torch.matmul(torch.softmax(scores, dim=-1), values)
 
 
+def additive_mask(visible: torch.Tensor | None) -> torch.Tensor | None:
+    """A bool mask (True: attend) as the fp32 one added to the scores: 0 where visible, -inf elsewhere."""
+    if visible is None:
+        return None
+    return torch.zeros(visible.shape, device=visible.device).masked_fill(~visible, float("-inf"))
+
+
 def cached_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n: int,
-                     visible: torch.Tensor | None, scaling: float) -> torch.Tensor:
+                     mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
     """The same attention for the graph backend's static cache on a CPU: q [kv_heads, groups * n, D] (row g * n + t:
-    token t's query for the group's head g), keys / values [kv_heads, cached, D], `visible` [n, cached] bool (None:
-    every token sees every cached position) -> [kv_heads, groups * n, D] in q's dtype. `attend` on the same chunks
-    as `grouped_attention`, so both backends compute each token's attention alike."""
+    token t's query for the group's head g), keys / values [kv_heads, cached, D], `mask` [n, cached] added to the
+    scores (`additive_mask`; None: every token sees every cached position) -> [kv_heads, groups * n, D] in q's
+    dtype. `attend` on the same chunks as `grouped_attention`, so both backends compute each token's attention
+    alike."""
     kv_heads, rows, d = q.shape
     groups = rows // n
     keys_t, values = keys.float().transpose(-1, -2), values.float()
-    mask = None if visible is None else torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
     if n <= CHUNK:
         return attend(q.float(), keys_t, values, scaling, mask, groups).to(q.dtype)
     out = torch.empty((kv_heads, groups, n, d), dtype=q.dtype)

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from spec.models import kernels
-from spec.models.attention import cached_attention
+from spec.models.attention import additive_mask, cached_attention, use_grouped_attention
 from spec.models.base import ModelError, parameter_bytes, sliding_window, sync_time
 from spec.models.eager import align_weights
 from spec.models.quant import (
@@ -202,7 +202,11 @@ class GraphModel:
         config = model.config.get_text_config()
         self.vocab = vocab or config.vocab_size
         self.device = model.device
-        self.max_length = min(max_length or DEFAULT_MAX_LENGTH, config.max_position_embeddings)
+        # On a CPU nothing is captured, so the cache can grow (`_grow`): there it reaches the model's whole context
+        # unless told otherwise, and starts at DEFAULT_MAX_LENGTH positions. On CUDA it is allocated once, whole.
+        cpu = self.device.type == "cpu"
+        self.max_length = min(max_length or (config.max_position_embeddings if cpu else DEFAULT_MAX_LENGTH),
+                              config.max_position_embeddings)
         if self.max_length < 1:
             raise ValueError(f"max_length must be positive, got {max_length}")
         self.graphs = graphs and self.device.type == "cuda"
@@ -211,10 +215,13 @@ class GraphModel:
         self.length = 0
         # int8 / int4 weights on a CPU: the eager backend's packed layers (PyTorch's CPU kernels, `quantize_model`,
         # whose cache they come from), q/k/v and gate/up each joined into one; `quantized` says what was done.
-        self.cpu_packed = quant != "none" and self.device.type == "cpu"
-        if self.cpu_packed:
+        # (A model whose layers are packed already, by an eager backend's load, is taken as it is.)
+        self.cpu_packed = cpu and (quant != "none" or any(isinstance(m, QuantLinear) for m in model.modules()))
+        if quant != "none" and cpu:
             self.quantized = quantize_model(model, quant, name)
-        align_weights(model)  # on a CPU, as the eager backend does: its products read aligned weights faster
+        if cpu:  # as the eager backend does: transformers' generate on this model runs the same attention, and the
+            use_grouped_attention(model)  # products read weights at a cache line's start faster
+            align_weights(model)
 
         attn0 = model.model.layers[0].self_attn
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -222,7 +229,6 @@ class GraphModel:
         self.scaling = attn0.scaling
         self.intermediate = config.intermediate_size
         dtype = model.model.embed_tokens.weight.dtype
-        capacity = -(-self.max_length // SPAN_STEP) * SPAN_STEP  # the last span may overhang max_length
         with torch.no_grad():
             self.layers = []
             for layer in model.model.layers:
@@ -231,22 +237,12 @@ class GraphModel:
                 gate_up = _fuse([m.gate_proj, m.up_proj])
                 self.layers.append((layer.input_layernorm, qkv, a.o_proj, layer.post_attention_layernorm, gate_up,
                                     m.act_fn, m.down_proj))
-            # One tensor for every layer's keys (and one for values), seen layer by layer: compacting a token tree's
-            # accepted path (`keep`) is then one gather and one copy each, not two a layer.
-            shape = (len(self.layers), self.kv_heads, capacity, self.head_dim)
-            self.k_all = torch.zeros(shape, dtype=dtype, device=self.device)
-            self.v_all = torch.zeros(shape, dtype=dtype, device=self.device)
-            self.k_cache, self.v_cache = list(self.k_all.unbind(0)), list(self.v_all.unbind(0))
-            # The model's own rotary module gives the cos/sin rows for every position; its values are elementwise
-            # in the position, so a table is bit-identical to computing them per step.
-            positions = torch.arange(capacity, device=self.device)[None]
-            cos, sin = model.model.rotary_emb(torch.zeros((), dtype=dtype, device=self.device), positions)
-            self.cos, self.sin = cos[0], sin[0]  # [capacity, head_dim]
+            self.k_all = self.v_all = None
+            self._allocate(min(self.max_length, DEFAULT_MAX_LENGTH) if cpu else self.max_length)
             self.pos = torch.zeros((), dtype=torch.long, device=self.device)  # the write position, on the device
             # A token tree's forward (see `forward`): the kernels read a token's rotary row at its cache slot, so a
             # tree's tokens get tables whose slot rows hold their depths' rows; `tree` = [base, 64-bit ancestor
             # mask per token] (kernels.tree_visible) and `tree_positions` [n], filled before each tree forward.
-            self.cos_tree, self.sin_tree = self.cos.clone(), self.sin.clone()
             self.tree = torch.zeros(1 + MAX_TREE_TOKENS, dtype=torch.long, device=self.device)
             self.tree_positions = torch.zeros(MAX_TREE_TOKENS, dtype=torch.long, device=self.device)
         # span -> a tensor of that length: attention reads cache positions < span, and a tensor's size (not an int)
@@ -323,6 +319,28 @@ class GraphModel:
         # cheaper (the int4 / int8 multi-token products cost 3-7 one-token steps on an H200; docs/quantization.md).
         self.stepwise = 0
 
+    def _allocate(self, positions: int) -> None:
+        """The static cache and the rotary tables for `positions`, rounded up to SPAN_STEP (the last span may
+        overhang max_length), keeping what the cache holds: a CPU's cache grows as the text does."""
+        capacity = -(-positions // SPAN_STEP) * SPAN_STEP
+        dtype = self.model.model.embed_tokens.weight.dtype
+        # One tensor for every layer's keys (and one for values), seen layer by layer: compacting a token tree's
+        # accepted path (`keep`) is then one gather and one copy each, not two a layer.
+        shape = (len(self.layers), self.kv_heads, capacity, self.head_dim)
+        held = (self.k_all, self.v_all)
+        self.k_all = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.v_all = torch.zeros(shape, dtype=dtype, device=self.device)
+        if held[0] is not None:
+            self.k_all[:, :, : held[0].shape[2]] = held[0]
+            self.v_all[:, :, : held[1].shape[2]] = held[1]
+        self.k_cache, self.v_cache = list(self.k_all.unbind(0)), list(self.v_all.unbind(0))
+        # The model's own rotary module gives the cos/sin rows for every position; its values are elementwise in the
+        # position, so a table is bit-identical to computing them per step (and a longer table's rows to a shorter's).
+        rows = torch.arange(capacity, device=self.device)[None]
+        cos, sin = self.model.model.rotary_emb(torch.zeros((), dtype=dtype, device=self.device), rows)
+        self.cos, self.sin = cos[0], sin[0]  # [capacity, head_dim]
+        self.cos_tree, self.sin_tree = self.cos.clone(), self.sin.clone()  # a tree's rows (`_step`)
+
     # ---- the layer stack -----------------------------------------------------------------------------------
 
     def _body(self, ids: torch.Tensor, pos: torch.Tensor, span: torch.Tensor, tree: bool = False) -> torch.Tensor:
@@ -338,6 +356,12 @@ class GraphModel:
         rope = self.tree_positions[:n] if tree else q_pos
         mask = self.tree[: n + 1] if tree else None
         cos, sin = self.cos[rope][:, None], self.sin[rope][:, None]  # [n, 1, D]
+        cpu_attention = self.device.type == "cpu" and not self.split_attention
+        if cpu_attention:  # what each token sees of the cached text, once for every layer
+            end = slots.stop
+            visible = (None if mask is None and n == 1 else kernels.tree_visible(mask, n, n, end) if tree else
+                       span[:end][None] <= q_pos[:, None])
+            cpu_mask = additive_mask(visible)
         # Query heads that share a K/V head are folded into extra query rows ([kv, groups * n, D]), so attention
         # reads each cached K/V once instead of repeating it per query head. Row g*n + i is token i.
         h = self.model.model.embed_tokens(ids)  # [n, hidden]
@@ -357,11 +381,8 @@ class GraphModel:
             if self.split_attention:
                 out = kernels.decode_attention(q, self.k_cache[i], self.v_cache[i], pos, b, n, self.scaling, self.pdl,
                                                mask)
-            elif self.device.type == "cpu":  # the eager backend's CPU attention, over the cached text only
-                end = slots.stop
-                visible = (None if mask is None and n == 1 else kernels.tree_visible(mask, n, n, end) if tree else
-                           span[:end][None] <= q_pos[:, None])
-                out = cached_attention(q, self.k_cache[i][:, :end], self.v_cache[i][:, :end], n, visible,
+            elif cpu_attention:  # the eager backend's CPU attention, over the cached text only
+                out = cached_attention(q, self.k_cache[i][:, :end], self.v_cache[i][:, :end], n, cpu_mask,
                                        self.scaling)
             else:
                 out = kernels.masked_sdpa(q, self.k_cache[i], self.v_cache[i], pos, b, n, self.scaling, mask)
@@ -497,6 +518,8 @@ class GraphModel:
         if self.length + n > self.max_length:
             raise ValueError(f"{self.name}: {self.length + n} positions exceed the static cache of "
                              f"{self.max_length} (pass a larger max_length)")
+        if self.length + n > self.k_all.shape[2]:  # a CPU's cache, grown (CUDA's holds max_length from the start)
+            self._allocate(min(max(self.length + n, 2 * self.k_all.shape[2]), self.max_length))
         if tree is None and 1 < n <= self.stepwise:  # the same tokens, one step each: measured cheaper
             return torch.cat([self.forward(ids[i : i + 1]) for i in range(n)])[n - keep :]
         span = self._span(self.length + n)

@@ -166,9 +166,13 @@ class Pair:
     def setup_fields(self) -> dict:
         """The backend that ran and the weight formats, for every task's JSON: exactness claims are against the
         target as served."""
-        backend = getattr(self.target, "backend", type(self.target).__name__)  # (a test's stand-in has none)
-        return {"backend": backend, "draft_quant": self.draft_quant, "target_quant": self.target_quant,
-                "target_quant_report": self.target_report}
+        def backend(model):
+            return getattr(model, "backend", type(model).__name__)  # (a test's stand-in has none)
+
+        draft = {} if self.draft is None or backend(self.draft) == backend(self.target) else {
+            "draft_backend": backend(self.draft)}  # where `auto` kept the draft on another one
+        return {"backend": backend(self.target), **draft, "draft_quant": self.draft_quant,
+                "target_quant": self.target_quant, "target_quant_report": self.target_report}
 
     def prepare(self, max_drafts: int, context: int, tree_nodes: int = 0) -> None:
         """Ready both models for rounds of up to `max_drafts` drafts on texts of up to `context` tokens: the target
