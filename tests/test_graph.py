@@ -290,6 +290,19 @@ def test_greedy_identity_with_packed_weights_on_the_static_cache(private_cache, 
     assert texts("graph", scheme) == texts("eager", scheme)
 
 
+def test_the_whole_loop_on_the_static_cache_on_a_cpu_samples_the_target(private_cache):
+    """Sampling through the graph backend on a CPU (`--backend auto` there), int4 draft: the law of the first 3 tokens
+    of 400 seeded generations against the target's exact sequence probabilities (computed through the same backend);
+    the correct loop passes, the softmax-q bug fails with power >= 0.99 (as test_dist's whole-loop test)."""
+    from spec import dist_test as dt
+
+    pair = load_pair("tiny", device="cpu", backend="auto", draft_quant="int4")
+    assert isinstance(pair.target, GraphModel) and isinstance(pair.draft, GraphModel)
+    checks = {c.variant: c for c in dt.loop_checks(pair, ["softmax-q"], 400, 0, Sampling(1.5))}
+    assert checks["correct"].verdict == "pass" and checks["softmax-q"].verdict == "FAIL"
+    assert checks["softmax-q"].power >= dt.POWER_GOAL
+
+
 def test_unsupported_architecture_falls_back():
     from transformers import GPT2Config, GPT2LMHeadModel
 

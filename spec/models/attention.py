@@ -50,22 +50,34 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     scaling = d ** -0.5 if scaling is None else scaling
     keys_t, values = key.float().transpose(-1, -2), value.float()  # [b, kv, D, cached], [b, kv, cached, D]
     mask = None
-    if attention_mask is not None:  # as [b or 1, 1 or heads, n or 1, cached], additive (a bool mask: True attends)
-        mask = attention_mask[..., :cached]
-        if mask.dtype == torch.bool:
-            mask = additive_mask(mask)
-    out = torch.empty((b, heads, n, d), dtype=query.dtype, device=query.device)
+    if attention_mask is not None:  # [b or 1, 1 or heads, n or 1, cached], additive (a bool mask: True attends) ->
+        mask = attention_mask[..., :cached]  # [b or 1, kv_heads or 1, groups or 1, n or 1, cached]
+        mask = additive_mask(mask) if mask.dtype == torch.bool else mask
+        mask = mask[:, :, None] if mask.shape[1] == 1 else mask.reshape(mask.shape[0], kv_heads, groups,
+                                                                         *mask.shape[2:])
+    # Head h = j * groups + i reads K/V head j (transformers' repeat_kv): [b, kv_heads, groups, n, D].
+    out = attend_chunks(query.reshape(b, kv_heads, groups, n, d), keys_t, values, scaling, mask)
+    return out.view(b, heads, n, d).transpose(1, 2).contiguous(), None
+
+
+def attend_chunks(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, scaling: float,
+                  mask: torch.Tensor | None) -> torch.Tensor:
+    """Both backends' attention: q [..., kv_heads, groups, n, D], keys_t [..., kv_heads, D, cached] and values [...,
+    kv_heads, cached, D] in fp32, an additive mask that broadcasts to [..., kv_heads, groups, n or 1, cached] or None
+    -> [..., kv_heads, groups, n, D] in q's dtype. The queries go CHUNK tokens at a time, each chunk's group rows
+    (g * m + t) as one matrix against the cache (`attend`)."""
+    *lead, kv_heads, groups, n, d = q.shape
+    if n <= CHUNK:  # a step, a verify, a tree: one chunk
+        return attend(q.reshape(*lead, kv_heads, groups * n, d).float(), keys_t, values, scaling, mask,
+                      groups).to(q.dtype).view(q.shape)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     for start in range(0, n, CHUNK):
         m = min(CHUNK, n - start)
-        # Head h = j * groups + i reads K/V head j (transformers' repeat_kv): rows i * m + t of group j.
-        q = query[:, :, start:start + m].reshape(b, kv_heads, groups * m, d).float()
-        rows = None
-        if mask is not None:
-            rows = mask[:, :, start:start + m] if mask.shape[2] > 1 else mask
-            rows = (rows[:, :, None] if rows.shape[1] == 1 else
-                    rows.reshape(rows.shape[0], kv_heads, groups, rows.shape[2], cached))
-        out[:, :, start:start + m] = attend(q, keys_t, values, scaling, rows, groups).view(b, heads, m, d)
-    return out.transpose(1, 2).contiguous(), None
+        chunk = q[..., start:start + m, :].reshape(*lead, kv_heads, groups * m, d).float()
+        rows = None if mask is None else mask[..., start:start + m, :] if mask.shape[-2] > 1 else mask
+        out[..., start:start + m, :] = attend(chunk, keys_t, values, scaling, rows, groups).view(
+            *lead, kv_heads, groups, m, d)
+    return out
 
 
 def attend(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, scaling: float,
@@ -92,21 +104,10 @@ def cached_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     """The same attention for the graph backend's static cache on a CPU: q [kv_heads, groups * n, D] (row g * n + t:
     token t's query for the group's head g), keys / values [kv_heads, cached, D], `mask` [n, cached] added to the
     scores (`additive_mask`; None: every token sees every cached position) -> [kv_heads, groups * n, D] in q's
-    dtype. `attend` on the same chunks as `grouped_attention`, so both backends compute each token's attention
-    alike."""
+    dtype, by `attend_chunks` as the eager backend's."""
     kv_heads, rows, d = q.shape
-    groups = rows // n
-    keys_t, values = keys.float().transpose(-1, -2), values.float()
-    if n <= CHUNK:
-        return attend(q.float(), keys_t, values, scaling, mask, groups).to(q.dtype)
-    out = torch.empty((kv_heads, groups, n, d), dtype=q.dtype)
-    by_token = q.view(kv_heads, groups, n, d)
-    for start in range(0, n, CHUNK):
-        m = min(CHUNK, n - start)
-        chunk = by_token[:, :, start:start + m].reshape(kv_heads, groups * m, d).float()
-        rows_mask = None if mask is None else mask[start:start + m]
-        out[:, :, start:start + m] = attend(chunk, keys_t, values, scaling, rows_mask, groups).view(
-            kv_heads, groups, m, d)
+    out = attend_chunks(q.view(kv_heads, rows // n, n, d), keys.float().transpose(-1, -2), values.float(), scaling,
+                        mask)
     return out.view(kv_heads, rows, d)
 
 

@@ -185,7 +185,7 @@ class GraphModel:
     code without graphs (the CPU path the tests check against the eager backend).
     """
 
-    quantized: dict | None = None  # int8 / int4 weights: what make_model did (spec/models/pairs.py), else None
+    quantized: dict | None = None  # int8 / int4 weights: what was done to them (scheme, seconds, cache), else None
     backend = "graph"  # the --backend that names it
 
     def __init__(self, model, vocab: int | None = None, name: str = "model", max_length: int | None = None,
@@ -296,7 +296,9 @@ class GraphModel:
                 self.step_weights = [(pack(w_qkv), pack(o.weight), pack(w_gu), pack(d.weight))
                                      for _, (w_qkv, _), o, _, (w_gu, _), _, d in self.layers]
                 self.head_weight = pack(model.lm_head.weight)
-            self.quant_seconds = time.perf_counter() - start
+            if quant != "none" and not cpu:  # (on a CPU `quantize_model` said what it did, above)
+                self.quantized = {"scheme": quant, "seconds": time.perf_counter() - start,
+                                  "cache": "packed on the GPU for the fused kernels"}
         # Prompts go through the fused kernels in chunks of this many tokens (0: through the layer stack).
         self.prefill_chunk = fused_tokens if fused_tokens > 1 else 0
         # Programmatic dependent launch for the Triton kernels, where the GPU has it (Hopper and later).

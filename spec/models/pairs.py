@@ -115,12 +115,8 @@ def make_model(model, vocab: int | None, backend: str, name: str, max_length: in
         if reason is None:
             if quant == AUTO:
                 quant = _auto(model, name, cuda and packed_weights_reason(model) is None)
-            graph = GraphModel(model, vocab, name=name, max_length=max_length, graphs=cuda, compile=compile, pdl=pdl,
-                               quant=quant)
-            if cuda:  # (on a CPU the packed layers are the eager backend's, and GraphModel says how they came)
-                graph.quantized = None if quant == "none" else {
-                    "scheme": quant, "seconds": graph.quant_seconds, "cache": "packed on the GPU for the fused kernels"}
-            return graph
+            return GraphModel(model, vocab, name=name, max_length=max_length, graphs=cuda, compile=compile, pdl=pdl,
+                              quant=quant)
         if backend == "graph":
             raise ModelError(f"{name}: --backend graph cannot run: {reason}")
         log.info(f"{name}: backend auto -> eager, because {reason}")
@@ -166,12 +162,9 @@ class Pair:
     def setup_fields(self) -> dict:
         """The backend that ran and the weight formats, for every task's JSON: exactness claims are against the
         target as served."""
-        def backend(model):
-            return getattr(model, "backend", type(model).__name__)  # (a test's stand-in has none)
-
-        draft = {} if self.draft is None or backend(self.draft) == backend(self.target) else {
-            "draft_backend": backend(self.draft)}  # where `auto` kept the draft on another one
-        return {"backend": backend(self.target), **draft, "draft_quant": self.draft_quant,
+        draft = {} if self.draft is None or self.draft.backend == self.target.backend else {
+            "draft_backend": self.draft.backend}  # where `auto` kept the draft on another one
+        return {"backend": self.target.backend, **draft, "draft_quant": self.draft_quant,
                 "target_quant": self.target_quant, "target_quant_report": self.target_report}
 
     def prepare(self, max_drafts: int, context: int, tree_nodes: int = 0) -> None:
