@@ -47,7 +47,7 @@ def child(args) -> dict:
     sync_time(pair.device)
     ready = time.time()
     return {"import_s": imported - args.launched_at, "load_s": loaded - imported, "prepare_s": ready - loaded,
-            "ready_s": ready - args.launched_at, "backend": type(pair.target).__name__, "device": str(pair.device)}
+            "ready_s": ready - args.launched_at, **pair.setup_fields(), "device": str(pair.device)}
 
 
 def free_port() -> int:
@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(table(rows, [("what", "s"), ("cache", "s"), ("import_s", ".1f"), ("load_s", ".1f"), ("prepare_s", ".1f"),
                        ("ready_s", ".1f"), ("server_ready_s", ".1f"), ("first_request_ttft_s", ".3f"),
                        ("first_request_e2e_s", ".3f")]))
-    path = results.finish({"task": "start_time", "pair": args.pair, "backend": args.backend, "k": args.k,
-                           "context": args.context})
+    ran = {key: rows[0][key] for key in ("backend", "draft_backend") if key in rows[0]}  # what --backend picked
+    path = results.finish({"task": "start_time", "pair": args.pair, "backend_asked": args.backend, **ran,
+                           "k": args.k, "context": args.context})
     print(f"saved {path}")
     return {"rows": rows}
 

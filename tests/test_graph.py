@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from scipy import stats
@@ -447,3 +449,16 @@ def test_no_garbage_collection_inside_a_capture(pair, monkeypatch):
         assert not gc.isenabled()  # left as it was found
     finally:
         gc.enable()
+
+
+def test_start_time_names_the_backend_that_ran_not_only_the_one_asked(tmp_path, monkeypatch):
+    """`--backend auto` picks per model and device, so start_time's JSON says what it picked (as every task's does),
+    beside what was asked; each fresh process's row says it too."""
+    from spec import start_time
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    start_time.main(["--pair", "tiny", "--k", "2", "--context", "64", "--quiet"])
+    saved = json.loads(next((tmp_path / "results").glob("start_time-*.json")).read_text())
+    assert saved["backend_asked"] == "auto" and saved["backend"] == "graph"  # a Llama on a CPU: the static cache
+    assert [row["backend"] for row in saved["rows"]] == ["graph", "graph"]

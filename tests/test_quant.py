@@ -739,3 +739,28 @@ def test_the_llama_cpp_ratio_compares_decoding_alone():
     assert line["speedup"] == pytest.approx((64 / 1.5) / (64 / 2.0))  # end to end
     assert line["plain_decode_tok_s"] == pytest.approx(40.0) and line["spec_decode_tok_s"] == pytest.approx(64.0)
     assert line["plain_vs_llama_cpp"] == pytest.approx(0.5) and line["spec_vs_llama_cpp"] == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_bytes_a_step_reads_leave_the_embedding_table_out_unless_it_is_the_head(private_cache, tied):
+    """The load's log line says what a step reads: the embedding table is looked up one row a step, unless it is
+    also the head (tied, unquantized). Once the head is packed, a tied table is read one row a step too."""
+    from spec.models.base import parameter_bytes, read_bytes
+    from spec.models.pairs import describe_quantized, make_model
+
+    model = build_tiny("target", torch.device("cpu"), torch.float32)
+    if tied:
+        model.config.tie_word_embeddings = True
+        model.tie_weights()
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+    table = model.model.embed_tokens.weight
+    row = table[0].nbytes
+    whole = parameter_bytes(model)
+    before = read_bytes(model, whole, packed_head=False)
+    assert before == (whole if tied else whole - table.nbytes + row)
+    wrapped = make_model(model, None, "eager", "target", quant="int8")
+    after = read_bytes(wrapped.model, wrapped.weight_bytes(), packed_head=True)
+    assert after == wrapped.weight_bytes() - table.nbytes + row
+    head = wrapped.model.lm_head
+    assert after < before and head.codes.nbytes <= after  # the packed head is read whole, the table one row
+    assert f"{before / 1e9:.2f} -> {after / 1e9:.2f} GB read a step" in describe_quantized("target", wrapped, before)

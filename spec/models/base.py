@@ -61,8 +61,21 @@ class Model(Protocol):
 
 
 def parameter_bytes(model) -> int:
-    """Bytes of a torch module's parameters, tied ones once: what a decode step reads of an unquantized model."""
+    """Bytes of a torch module's parameters, tied ones once: what a decode step reads of an unquantized model (with
+    its embedding table whole, the roofline's convention since the issues first set one; `read_bytes` leaves it out)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def read_bytes(model, counted: int, packed_head: bool) -> int:
+    """What one decode step of a transformers `model` reads, from `counted` bytes that hold its embedding table whole
+    (`parameter_bytes`, a wrapper's `weight_bytes()`): the table less the one row a step looks up, unless the table
+    is also the output head and the step reads it as the head (tied, and the head not replaced by a packed copy
+    that `counted` already holds: `packed_head`). spec/spark.py does the same from a benchmark's JSON."""
+    table = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    if not packed_head and getattr(head, "weight", None) is table:
+        return counted
+    return counted - table.nbytes + table[0].nbytes
 
 
 def sliding_window(config) -> bool:

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from spec import log
-from spec.models.base import Model, ModelError, dtype_name, parameter_bytes, pick_device, pick_dtype
+from spec.models.base import (Model, ModelError, dtype_name, parameter_bytes, pick_device, pick_dtype,
+                              read_bytes)
 from spec.models.eager import EagerModel
 from spec.models.graph import GraphModel, packed_weights_reason, unsupported_reason
 from spec.models.hub import from_gguf_file, from_hub, from_pretrained, hub_cached
@@ -135,9 +136,11 @@ def _auto(model, name: str, fused_kernels: bool) -> str:
 
 
 def describe_quantized(name: str, model: Model, before: int) -> str:
-    """One log line for a wrapped model's int8 / int4 weights (`before`: its bytes unquantized)."""
+    """One log line for a wrapped model's int8 / int4 weights (`before`: the bytes a step read unquantized,
+    `read_bytes`). Its head is packed too, so the embedding table is read one row a step (a tied table was the head)."""
     done = model.quantized
-    return (f"{name} {done['scheme']} weights: {before / 1e9:.2f} -> {model.weight_bytes() / 1e9:.2f} GB a step, "
+    after = read_bytes(model.model, model.weight_bytes(), packed_head=True)
+    return (f"{name} {done['scheme']} weights: {before / 1e9:.2f} -> {after / 1e9:.2f} GB read a step, "
             f"{done['seconds']:.1f} s, {done['cache']}")
 
 
@@ -245,7 +248,7 @@ def load_pair(
                              allow_other_family)
         same_family = t.tokenizer is d.tokenizer or t.tokenizer.get_vocab() == d.tokenizer.get_vocab()
         draft_vocab = vocab if same_family else min(len(d.tokenizer), d_rows)
-        before = parameter_bytes(d.model)
+        before = read_bytes(d.model, parameter_bytes(d.model), packed_head=False)
         draft_model = make_model(d.model, draft_vocab, backend, name="draft", quant=draft_quant,
                                  what="--draft-quant")
         if draft_model.quantized:
@@ -277,7 +280,7 @@ def quantize_target(model, tokenizer, vocab: int, scheme: str, prompts: list | N
         plain = EagerModel(model, vocab, name="target")
         log.info(f"target {dtype} reference for --target-quant {scheme}: {len(prompts)} prompts x {tokens} tokens")
         reference = reference_run(plain, [chat_ids(tokenizer, p) for p in prompts], tokens, eos_ids(model, tokenizer))
-    before = parameter_bytes(model)
+    before = read_bytes(model, parameter_bytes(model), packed_head=False)
     target = make_model(model, vocab, backend, name="target", quant=scheme, what="--target-quant")
     done = target.quantized
     seconds["target_quant"] = done["seconds"]
