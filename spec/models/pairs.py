@@ -10,8 +10,7 @@ from pathlib import Path
 import torch
 
 from spec import log
-from spec.models.base import (Model, ModelError, dtype_name, parameter_bytes, pick_device, pick_dtype,
-                              read_bytes)
+from spec.models.base import Model, ModelError, dtype_name, parameter_bytes, pick_device, pick_dtype, read_bytes
 from spec.models.eager import EagerModel
 from spec.models.graph import GraphModel, packed_weights_reason, unsupported_reason
 from spec.models.hub import from_gguf_file, from_hub, from_pretrained, hub_cached
