@@ -56,6 +56,52 @@ def test_split_attention_matches_reference(rows, n, pos, span, part_rows, monkey
 
 
 @cuda
+@pytest.mark.parametrize("rows, n, span", [(4, 1, 8192), (20, 5, 32768), (4, 1, 131072), (68, 17, 131072)])
+def test_split_attention_over_long_texts(rows, n, span):
+    """Spans past the 4,096 positions the graph backend's cache holds by default, up to Llama 3.1's context of
+    131,072 (what a server's --max-model-len past 4,096 would need): up to 1,024 chunks of 128 positions a head,
+    combined, the text's last tokens at its end. Same bound as above."""
+    from spec.models import kernels
+
+    if not kernels.available():
+        pytest.skip("needs Triton")
+    gen = torch.Generator("cuda").manual_seed(span + rows)
+    q = torch.randn((8, rows, 128), device="cuda", generator=gen).bfloat16()
+    k, v = (torch.randn((8, span, 128), device="cuda", generator=gen).bfloat16() for _ in range(2))
+    position = torch.tensor(span - n, device="cuda")
+    got = kernels.decode_attention(q, k, v, position, span, n, 0.09).float()
+    reference = kernels.masked_sdpa(q.float(), k.float(), v.float(), position, span, n, 0.09)
+    bf16_sdpa = kernels.masked_sdpa(q, k, v, position, span, n, 0.09).float()
+    assert (got - reference).abs().max() <= max(2 * (bf16_sdpa - reference).abs().max(), 1e-2)
+
+
+@cuda
+def test_graph_backend_past_its_default_cache():
+    """A graph backend whose static cache holds more than DEFAULT_MAX_LENGTH positions (`max_length=`): a prompt past
+    8,192 tokens and forwards and rollbacks after it, graphed, against the eager backend, within twice the unfused
+    layer stack's own error (bf16), as at short lengths."""
+    from spec.models import kernels
+    from spec.models.graph import DEFAULT_MAX_LENGTH
+
+    if not kernels.available():
+        pytest.skip("needs Triton")
+    model = small_model("llama", torch.bfloat16)
+    model.config.max_position_embeddings = 12_000  # rotary tables for any position (the default rope)
+    length = 8_200 + 200  # the walk: 12 forwards of up to 9 tokens, each rolled back by at most its own
+    assert length > 2 * DEFAULT_MAX_LENGTH
+    prompt = torch.randint(0, 300, (8_200,), generator=torch.Generator().manual_seed(3))
+
+    def error(**options) -> float:
+        graph, eager = GraphModel(model, 300, max_length=length, **options), EagerModel(model, 300)
+        assert graph.max_length == length
+        worst = float((graph.forward(prompt, keep=16).cpu() - eager.forward(prompt, keep=16).cpu()).abs().max())
+        return max(worst, random_walk(graph, eager, 12, seed=8))
+
+    stack = error(split_attention=False, fused_step=False)
+    assert error() <= 2 * stack + 0.125  # (one bf16 ulp at |z| < 32, as above)
+
+
+@cuda
 def test_split_attention_in_the_graph_backend():
     """bf16 graph backend with the split kernel: its logit error against the eager backend, through forwards and
     rollbacks, is of the size SDPA's is; greedy speculation equals plain greedy decoding on it up to bf16 near-ties
