@@ -462,4 +462,3 @@ def test_start_time_names_the_backend_that_ran_not_only_the_one_asked(tmp_path, 
     saved = json.loads(next((tmp_path / "results").glob("start_time-*.json")).read_text())
     assert saved["backend_asked"] == "auto" and saved["backend"] == "graph"  # a Llama on a CPU: the static cache
     assert [row["backend"] for row in saved["rows"]] == ["graph", "graph"]
-
