@@ -38,6 +38,7 @@ from spec.harness import copy_bandwidth
 from spec.io import Results, table
 from spec.loop import generate
 from spec.models import ModelError, dtype_name, kernels, make_model, sync_time
+from spec.models.base import embedding_bytes
 from spec.models.graph import GraphModel
 
 BARS = {"graph_plain_tok_s": (">=", 215.0), "c_graph": ("<=", 0.20), "verify_ratio_8_over_1": ("<=", 1.15),
@@ -246,12 +247,6 @@ def build_backends(pair, backends: list[str], max_length: int, pdl: bool,
                                                                   f"draft ({scheme})", max_length, pdl=pdl,
                                                                   quant=scheme)
     return {b: models[b] for b in backends}
-
-
-def embedding_bytes(model) -> dict:
-    """The input embedding's bytes, and whether the output head is that same tensor (tied)."""
-    table, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-    return {"bytes": table.numel() * table.element_size(), "tied": table.data_ptr() == head.data_ptr()}
 
 
 def measure_speed(pair, models: dict, args, prompt: list[int], data: dict, results: Results) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from spec.calc import best_k
 from spec.io import Results, table
+from spec.models.base import read_bytes  # the bytes a step reads, from bench_engine's weight_bytes
 from spec.models.synthetic import RANDOM_ARCHS, RANDOM_VOCAB
 
 SPARK_GB_S = 273.0  # DGX Spark: LPDDR5X unified memory, NVIDIA's datasheet figure
@@ -38,16 +39,6 @@ def project_ms(measured_ms: float, weight_bytes: float, measured_gb_s: float, ta
     """
     overhead = measured_ms - weight_bytes / measured_gb_s / 1e6
     return weight_bytes / target_gb_s / 1e6 + overhead
-
-
-def read_bytes(weight_bytes: float, embedding: dict | None, quantized: bool) -> float:
-    """The bytes one step reads: bench_engine's weight_bytes (every parameter once, the embedding table whole)
-    less the table, which a step reads one row of, unless it is also the head and read whole (tied, unquantized; a
-    quantized tied head is a packed copy, counted in weight_bytes already). `embedding` None (an older JSON): as
-    counted."""
-    if embedding is None or (embedding["tied"] and not quantized):
-        return weight_bytes
-    return weight_bytes - embedding["bytes"]
 
 
 def known_embedding(bench: dict) -> dict:

@@ -743,9 +743,9 @@ def test_the_llama_cpp_ratio_compares_decoding_alone():
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_the_bytes_a_step_reads_leave_the_embedding_table_out_unless_it_is_the_head(private_cache, tied):
-    """The load's log line says what a step reads: the embedding table is looked up one row a step, unless it is
-    also the head (tied, unquantized). Once the head is packed, a tied table is read one row a step too."""
-    from spec.models.base import parameter_bytes, read_bytes
+    """The load's log line says what a step reads: the embedding table is looked up one row a step (left out),
+    unless it is also the head (tied, unquantized). Once the head is packed, a tied table is looked up too."""
+    from spec.models.base import embedding_bytes, parameter_bytes, read_bytes
     from spec.models.pairs import describe_quantized, make_model
 
     model = build_tiny("target", torch.device("cpu"), torch.float32)
@@ -754,13 +754,14 @@ def test_the_bytes_a_step_reads_leave_the_embedding_table_out_unless_it_is_the_h
         model.tie_weights()
         assert model.lm_head.weight is model.model.embed_tokens.weight
     table = model.model.embed_tokens.weight
-    row = table[0].nbytes
+    assert embedding_bytes(model) == {"bytes": table.nbytes, "tied": tied}
     whole = parameter_bytes(model)
-    before = read_bytes(model, whole, packed_head=False)
-    assert before == (whole if tied else whole - table.nbytes + row)
+    before = read_bytes(whole, embedding_bytes(model), packed_head=False)
+    assert before == (whole if tied else whole - table.nbytes)
     wrapped = make_model(model, None, "eager", "target", quant="int8")
-    after = read_bytes(wrapped.model, wrapped.weight_bytes(), packed_head=True)
-    assert after == wrapped.weight_bytes() - table.nbytes + row
+    assert not embedding_bytes(wrapped.model)["tied"]  # the head is packed layers now
+    after = read_bytes(wrapped.weight_bytes(), embedding_bytes(wrapped.model), packed_head=True)
+    assert after == wrapped.weight_bytes() - table.nbytes
     head = wrapped.model.lm_head
-    assert after < before and head.codes.nbytes <= after  # the packed head is read whole, the table one row
+    assert after < before and head.codes.nbytes <= after  # the packed head is read whole, the table left out
     assert f"{before / 1e9:.2f} -> {after / 1e9:.2f} GB read a step" in describe_quantized("target", wrapped, before)

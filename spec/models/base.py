@@ -66,16 +66,24 @@ def parameter_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def read_bytes(model, counted: int, packed_head: bool) -> int:
-    """What one decode step of a transformers `model` reads, from `counted` bytes that hold its embedding table whole
-    (`parameter_bytes`, a wrapper's `weight_bytes()`): the table less the one row a step looks up, unless the table
-    is also the output head and the step reads it as the head (tied, and the head not replaced by a packed copy
-    that `counted` already holds: `packed_head`). spec/spark.py does the same from a benchmark's JSON."""
-    table = model.get_input_embeddings().weight
-    head = model.get_output_embeddings()
-    if not packed_head and getattr(head, "weight", None) is table:
+def embedding_bytes(model) -> dict:
+    """A transformers model's input embedding table: its bytes, and whether the output head is that same tensor
+    (tied; a head replaced by packed layers is not)."""
+    table, head = model.get_input_embeddings().weight, model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    return {"bytes": table.numel() * table.element_size(),
+            "tied": weight is not None and table.data_ptr() == weight.data_ptr()}
+
+
+def read_bytes(counted: float, embedding: dict | None, packed_head: bool) -> float:
+    """The bytes one decode step reads, from `counted` bytes that hold the embedding table whole (`parameter_bytes`,
+    a wrapper's `weight_bytes()`, a benchmark's `weight_bytes`): less the table (`embedding_bytes`), which a step
+    looks up one row of (a few KB, left out), unless it is also the head and read whole (tied, and the head not a
+    packed copy that `counted` holds beside it: `packed_head`). `embedding` None (an older benchmark's JSON): as
+    counted."""
+    if embedding is None or (embedding["tied"] and not packed_head):
         return counted
-    return counted - table.nbytes + table[0].nbytes
+    return counted - embedding["bytes"]
 
 
 def sliding_window(config) -> bool:

@@ -202,8 +202,9 @@ class GraphModel:
         config = model.config.get_text_config()
         self.vocab = vocab or config.vocab_size
         self.device = model.device
-        # On a CPU nothing is captured, so the cache can grow (`_grow`): there it reaches the model's whole context
-        # unless told otherwise, and starts at DEFAULT_MAX_LENGTH positions. On CUDA it is allocated once, whole.
+        # On a CPU nothing is captured, so the cache can grow (`forward` calls `_allocate` again): there it reaches
+        # the model's whole context unless told otherwise, and starts at DEFAULT_MAX_LENGTH positions. On CUDA it is
+        # allocated once, whole.
         cpu = self.device.type == "cpu"
         self.max_length = min(max_length or (config.max_position_embeddings if cpu else DEFAULT_MAX_LENGTH),
                               config.max_position_embeddings)

@@ -10,7 +10,16 @@ from pathlib import Path
 import torch
 
 from spec import log
-from spec.models.base import Model, ModelError, dtype_name, parameter_bytes, pick_device, pick_dtype, read_bytes
+from spec.models.base import (
+    Model,
+    ModelError,
+    dtype_name,
+    embedding_bytes,
+    parameter_bytes,
+    pick_device,
+    pick_dtype,
+    read_bytes,
+)
 from spec.models.eager import EagerModel
 from spec.models.graph import GraphModel, packed_weights_reason, unsupported_reason
 from spec.models.hub import from_gguf_file, from_hub, from_pretrained, hub_cached
@@ -136,9 +145,9 @@ def _auto(model, name: str, fused_kernels: bool) -> str:
 
 def describe_quantized(name: str, model: Model, before: int) -> str:
     """One log line for a wrapped model's int8 / int4 weights (`before`: the bytes a step read unquantized,
-    `read_bytes`). Its head is packed too, so the embedding table is read one row a step (a tied table was the head)."""
+    `read_bytes`). Its head is packed too, so the embedding table is looked up one row a step, tied or not."""
     done = model.quantized
-    after = read_bytes(model.model, model.weight_bytes(), packed_head=True)
+    after = read_bytes(model.weight_bytes(), embedding_bytes(model.model), packed_head=True)
     return (f"{name} {done['scheme']} weights: {before / 1e9:.2f} -> {after / 1e9:.2f} GB read a step, "
             f"{done['seconds']:.1f} s, {done['cache']}")
 
@@ -247,7 +256,7 @@ def load_pair(
                              allow_other_family)
         same_family = t.tokenizer is d.tokenizer or t.tokenizer.get_vocab() == d.tokenizer.get_vocab()
         draft_vocab = vocab if same_family else min(len(d.tokenizer), d_rows)
-        before = read_bytes(d.model, parameter_bytes(d.model), packed_head=False)
+        before = read_bytes(parameter_bytes(d.model), embedding_bytes(d.model), packed_head=False)
         draft_model = make_model(d.model, draft_vocab, backend, name="draft", quant=draft_quant,
                                  what="--draft-quant")
         if draft_model.quantized:
@@ -279,7 +288,7 @@ def quantize_target(model, tokenizer, vocab: int, scheme: str, prompts: list | N
         plain = EagerModel(model, vocab, name="target")
         log.info(f"target {dtype} reference for --target-quant {scheme}: {len(prompts)} prompts x {tokens} tokens")
         reference = reference_run(plain, [chat_ids(tokenizer, p) for p in prompts], tokens, eos_ids(model, tokenizer))
-    before = read_bytes(model, parameter_bytes(model), packed_head=False)
+    before = read_bytes(parameter_bytes(model), embedding_bytes(model), packed_head=False)
     target = make_model(model, vocab, backend, name="target", quant=scheme, what="--target-quant")
     done = target.quantized
     seconds["target_quant"] = done["seconds"]
