@@ -39,7 +39,7 @@ PRODUCTS = {  # Llama-3.2-1B, one token: (kind, epilogue, output rows, inputs)
     "down": ("add", kernels.ADD, 2048, 8192),
     "head": ("logits", kernels.LOGITS, 128256, 2048),
 }
-CODES = {"none": "*bf16", "int8": "*i8", "int4": "*u8"}
+CODES = {"none": "*bf16", "int8": "*i8", "int4": "*u8", "w4a8": "*u8"}
 
 
 def loop_body(sass: str) -> collections.Counter:
@@ -77,13 +77,13 @@ def compile_product(scheme: str, product: str, config: tuple[int, ...], tokens: 
 
     _, epilogue, n, k = PRODUCTS[product]
     bn, block_k, warps = config[:3]
-    quant = {"none": 0, "int8": 1, "int4": 2}[scheme]
+    quant = {"none": 0, "int8": 1, "int4": 2, "w4a8": 2}[scheme]
     fn = triton_kernels.gemv if tokens == 1 else triton_kernels.gemv_few
     signature = {"x_ptr": "*bf16", "nw_ptr": "*bf16", "eps": "fp32", "w_ptr": CODES[scheme], "s_ptr": "*bf16",
                  "z_ptr": "*bf16", "out_ptr": "*fp32" if epilogue == kernels.LOGITS else "*bf16",
                  **({} if tokens == 1 else {"M": "i32"}), "N": "i32", "K": "i32"}
     constants = dict(NORM=epilogue != kernels.ADD, EPILOGUE=epilogue, BN=bn, BLOCK_K=block_k, PDL=True, QUANT=quant,
-                     G=kernels.GROUP, **({} if tokens == 1 else {"XD": 0, "MT": tokens}))
+                     G=kernels.GROUP, **({"A8": scheme == "w4a8"} if tokens == 1 else {"XD": 0, "MT": tokens}))
     signature.update({name: "constexpr" for name in constants})
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
                if name.endswith("_ptr") or name in ("N", "K")}  # as Triton specialises them at launch

@@ -207,8 +207,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.draft_quants = [q for q in args.draft_quants.split(",") if q]
     args.tree_nodes = [int(n) for n in args.tree_nodes.split(",") if n]
-    if set(args.draft_quants) - {"int8", "int4", "fp8"}:
-        parser.error(f"--draft-quants takes int8, int4 and fp8, got {args.draft_quants}")
+    if set(args.draft_quants) - {"int8", "int4", "fp8", "w4a8"}:
+        parser.error(f"--draft-quants takes int8, int4, fp8 and w4a8, got {args.draft_quants}")
     try:
         args.ns = sorted({1, args.k + 1, *(int(n) for n in args.ns.split(","))})
     except ValueError:

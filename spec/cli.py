@@ -29,6 +29,8 @@ def add_model_args(parser: argparse.ArgumentParser, draft: bool = True, auto_dra
                        choices=DRAFT_QUANTS if auto_draft else QUANTS,
                        help="the draft's weights: none (its dtype), int8 (a scale per row), int4 (a scale and offset "
                             "per 32 inputs) or fp8 (e4m3, a scale per row; GPUs that read fp8 only), weight-only; "
+                            "w4a8: int4 weights whose one-token products take their inputs rounded to 8 bits a group "
+                            "(CUDA's graph backend; a draft's only). "
                             + auto + "Any of them changes no answer, since the acceptance rule keeps the target's "
                             "distribution for any draft (docs/quantization.md)")
         g.add_argument("--allow-other-family", action="store_true",

@@ -436,6 +436,83 @@ def check_int4_products(device: str) -> None:
         assert (error <= bound).all(), (epilogue, n, k, tiles, tokens, float(error.max()), float(bound.min()))
 
 
+def a8_reference(x, norm, packed, k: int):
+    """What a one-token product over int4 codes with 8-bit inputs (A8, `triton_kernels.int4_word_sums_a8`) computes,
+    in float64 from the kernel's own fp32 steps: xn = x * norm (fp32), per group of G its largest magnitude t,
+    xq = round(xn * 127 / t) (fp32), then sum_g s_g (t_g / 127) sum(q xq) + (z_g - 8 s_g) sum(xn), times RMSNorm's
+    scale. Also each group's weights' magnitudes (for the error bound), and the smallest distance of xn * 127 / t
+    to a rounding tie (where the kernel's fp32 product, FMA or approximate division could round the other way)."""
+    import torch
+
+    from spec.models.quant import GROUP, inputs_in_8_bits
+
+    rows = packed.codes.shape[0]
+    xn = x.float() * (1.0 if norm is None else norm.float())
+    groups = xn.view(-1, k // GROUP, GROUP)
+    xq, step = inputs_in_8_bits(xn)
+    scaled = groups / torch.where(step > 0, step, 1.0)  # (only to see how far from a tie each input rounded)
+    tie = (scaled - scaled.floor() - 0.5).abs().min()
+    halves = packed.codes.cpu().view(rows, -1, GROUP // 2)
+    codes = torch.cat([halves & 15, halves >> 4], -1).double()  # [rows, groups, G]
+    s_, z_ = packed.scales.double().cpu(), packed.zeros.double().cpu()  # [rows, groups]
+    dots = torch.einsum("rgj,mgj->mrg", codes, xq.double())  # [tokens, rows, groups]
+    sums = groups.double().sum(-1)  # [tokens, groups]
+    step = step.double()[..., 0]
+    y = (s_[None] * step[:, None] * dots + (z_ - 8 * s_)[None] * sums[:, None]).sum(-1)
+    r = 1.0 if norm is None else torch.rsqrt((x.double() ** 2).mean(1, keepdim=True) + 1e-6)
+    terms = (s_.abs()[None] * step[:, None] * torch.einsum("rgj,mgj->mrg", codes, xq.double().abs())
+             + (z_ - 8 * s_).abs()[None] * groups.double().abs().sum(-1)[:, None]).sum(-1)
+    return y * r, terms * r, float(tie)
+
+
+def check_w4a8_products(device: str) -> None:
+    """The one-token int4 products with 8-bit inputs (A8: a `w4a8` draft's; `kernels.gemv(a8=True)`) against
+    `a8_reference`, every epilogue, RMSNorm, tiles of one and of several iterations (64 inputs a tile over 192: the
+    groups' scales and sums across tiles), and the q/k/v product with its rotary embedding against the same over the
+    A8 sums. Each group's integer sum is exact; the rest is fp32 arithmetic on at most K / G + 8 terms a row, so
+    |error| <= u (K / G + 16) sum_g |terms_g| (u = 2^-24; 8 more for the step's and the scales' roundings, the
+    approximate division), which the data keeps away from rounding ties of xn 127 / t (asserted: a tie could round
+    one input a whole step the other way). A wrong pairing of codes and inputs, or a byte out of place, is off by
+    the size of the products themselves. Then the whole A8 product against float64 over the unrounded inputs:
+    within half a step a group, sum_g (t_g / 254) sum |w|, what 8-bit inputs may cost."""
+    import torch
+
+    from spec.models import kernels
+    from spec.models.quant import GROUP, pack_for_kernels
+
+    gen = torch.Generator().manual_seed(1)
+    cases = ((kernels.ADD, 64, 192, (16, 64, 4)), (kernels.ADD, 48, 128, (16, 1024, 4)),
+             (kernels.LOGITS, 300, 192, (16, 64, 4)), (kernels.SILU_MUL, 96, 192, (16, 64, 4)),
+             (kernels.SILU_MUL, 96, 128, (8, 256, 4)))
+    u = 2.0 ** -24
+    for epilogue, n, k, config in cases:
+        rows = 2 * n if epilogue == kernels.SILU_MUL else n
+        packed = pack_for_kernels(torch.randn(rows, k, generator=gen).to(device), "int4")
+        x = torch.randn(1, k, generator=gen)
+        norm = None if epilogue == kernels.ADD else torch.rand(k, generator=gen) + 0.5
+        y, terms, tie = a8_reference(x, norm, packed, k)
+        assert tie > 1e-4, f"the test's data sits {tie} from a rounding tie: pick another seed"
+        bound = u * (k // GROUP + 16) * terms + 1e-7
+        out = torch.randn(1, n, generator=gen) if epilogue == kernels.ADD else torch.zeros(1, n)
+        want, bound = epilogue_wanted(epilogue, y, out, bound, n)
+        got = out.to(device, copy=True)  # (out stays as it was: the second check adds to it too)
+        kernels.gemv(x[0].to(device), packed, got[0], epilogue, None if norm is None else norm.to(device), 1e-6,
+                     config, a8=True)
+        error = (got.double().cpu() - want).abs()
+        assert (error <= bound).all(), (epilogue, n, k, config, float(error.max()), float(bound.min()))
+        # what the 8-bit inputs cost against the float64 product over the inputs as they are
+        halves = packed.codes.cpu().view(rows, -1, GROUP // 2)
+        w = ((torch.cat([halves & 15, halves >> 4], -1).double() - 8) * packed.scales.double().cpu()[..., None]
+             + packed.zeros.double().cpu()[..., None])  # [rows, groups, G]
+        xn = x.double() * (1.0 if norm is None else norm.double())
+        r = 1.0 if norm is None else torch.rsqrt((x.double() ** 2).mean(1, keepdim=True) + 1e-6)
+        exact = (xn @ w.reshape(rows, k).t()) * r
+        step = xn.view(1, k // GROUP, GROUP).abs().amax(-1) / 127
+        half_steps = (w.abs().sum(-1) * step / 2).sum(-1)[None] * r * 1.001 + bound.max()
+        exact_want, half_steps = epilogue_wanted(epilogue, exact, out, half_steps, n)
+        assert ((got.double().cpu() - exact_want).abs() <= half_steps).all(), (epilogue, n, k, config)
+
+
 def check_row_scaled_few_products(device: str, schemes=("int8", "fp8")) -> None:
     """`gemv_few` over row-scaled codes (int8, fp8: a scale per row, applied after the sum) for 2, 3 (padded to 4) and
     4 tokens, every epilogue, RMSNorm, the o product's head-major inputs, one tile and several, against float64 over
@@ -502,6 +579,67 @@ def test_row_scaled_few_token_products_on_a_gpu():
     check_row_scaled_few_products("cuda", ("int8", "fp8") if fp8_device(torch.device("cuda")) else ("int8",))
 
 
+def rope_reference(h, g, w, b, cos, sin, pos: int, heads: int, kv: int, dtype):
+    """What the q/k/v kernels should write for inputs h [tokens, K] (RMSNorm with weight g, or none), weights w
+    (float64 [rows, K]) and bias b (or None): y as the kernels make it (the sum exact here, RMSNorm's scale after it,
+    rounded to `dtype`), then the rotary embedding on q and k, each term rounded as transformers rounds it; as
+    [q heads, then k, then v, tokens, head size], and the bound: the norm's rsqrt, an ulp of fp32 apart, is at most
+    an ulp of the dtype in y, whose rotary terms then move by at most 4 eps (|ya| + |yb|)."""
+    tokens, dim = h.shape[0], cos.shape[1]
+    x = h.double() * g.double() if g is not None else h.double()
+    y = x @ w.t()
+    if g is not None:
+        y = y * torch.rsqrt(h.double().pow(2).mean(1, keepdim=True) + 1e-6)
+    y = y.float() + (b.float() if b is not None else 0.0)
+    y = y.to(dtype).float().view(tokens, heads + 2 * kv, 2, dim // 2).transpose(0, 1)
+    ya, yb = y[:, :, 0], y[:, :, 1]
+    c, s_ = (t[pos: pos + tokens].float().view(tokens, 2, dim // 2) for t in (cos, sin))
+
+    def rounded(t):
+        return t.to(dtype).float()
+
+    rot = torch.cat([rounded(rounded(ya * c[:, 0]) + rounded(-yb * s_[:, 0])),
+                     rounded(rounded(yb * c[:, 1]) + rounded(ya * s_[:, 1]))], -1)
+    want = torch.cat([rot[: heads + kv], torch.cat([ya, yb], -1)[heads + kv:]])
+    return want, 4 * torch.finfo(dtype).eps * (ya.abs() + yb.abs()).repeat(1, 1, 2) + 1e-30
+
+
+def check_w4a8_qkv(device: str, dtypes=(torch.float32,)) -> None:
+    """The one-token q/k/v product with its rotary embedding (`qkv_rope`) over int4 codes and 8-bit inputs (a w4a8
+    draft's), against `rope_reference`, with and without biases, a program of a quarter head and of half one. The
+    codes stand for eighths ((q - 8) / 8 + 1 / 4) and the inputs are integers whose every group of 32 holds one of
+    magnitude 127, the RMSNorm weight ones: each group's step is exactly 1, so the 8-bit inputs are the inputs
+    themselves and every sum is exact; a byte or a group out of place is off by about |y|."""
+    from spec.models import kernels
+    from spec.models.quant import GROUP, pack_for_kernels
+
+    for dtype in dtypes:
+        for heads, kv, dim, k, bias, config in ((4, 2, 32, 256, True, (4, 256, 4)), (2, 1, 64, 128, False,
+                                                                                      (16, 128, 4))):
+            gen = torch.Generator().manual_seed(dim)
+            rows, cap, pos = (heads + 2 * kv) * dim, 48, 17
+            w = (torch.randint(-8, 8, (rows, k), generator=gen) / 8).to(device)
+            weight = pack_for_kernels(w, "int4")
+            weight.scales.fill_(0.125)
+            weight.zeros.fill_(0.25)
+            w = weight.dequantize().double().cpu()
+            b = (torch.randint(-8, 8, (rows,), generator=gen) / 8).to(dtype) if bias else None
+            h = torch.randint(-120, 121, (1, k), generator=gen)
+            h.view(-1, GROUP)[:, 0] = 127 * (1 - 2 * torch.randint(0, 2, (k // GROUP,), generator=gen))
+            h = h.to(dtype)
+            g = torch.ones(k, dtype=dtype)
+            angle = torch.arange(cap)[:, None] * torch.rand(dim // 2, generator=gen)[None, :]
+            cos, sin = (torch.cat([f(angle)] * 2, 1).to(dtype) for f in (torch.cos, torch.sin))
+            q = torch.full((heads, 1, dim), float("nan"), dtype=dtype, device=device)
+            kc, vc = (torch.full((kv, cap, dim), float("nan"), dtype=dtype, device=device) for _ in "kv")
+            on = [t if t is None else t.to(device) for t in (h, g, b, cos, sin)]
+            kernels.qkv_rope(on[0][0], on[1], 1e-6, weight, on[2], on[3], on[4], torch.tensor(pos, device=device),
+                             q, kc, vc, heads, kv, config=config, a8=True)
+            want, bound = rope_reference(h, g, w, b, cos, sin, pos, heads, kv, dtype)
+            got = torch.cat([q.cpu(), kc.cpu()[:, pos: pos + 1], vc.cpu()[:, pos: pos + 1]]).float()
+            assert ((got - want).abs() <= bound).all(), (str(dtype), heads, dim, float((got - want).abs().max()))
+
+
 def check_rope_in_product(device: str, dtypes=(torch.float32, torch.float16, torch.bfloat16)) -> None:
     """The 2-64-token q/k/v product with its rotary embedding in its epilogue (`kernels.ROPE_IN_PRODUCT`,
     `qkv_rows`) and after it (`rope_rows`): every weight format, with and without biases and RMSNorm, programs of a
@@ -554,23 +692,7 @@ def check_rope_in_product(device: str, dtypes=(torch.float32, torch.float16, tor
                                      torch.tensor(pos, device=device), q, kc, vc, heads, kv, config=config,
                                      normed=None if norm else on[0])
                     outs.append([t.cpu() for t in (q, kc, vc)])
-                # the reference: y [tokens, rows] as the kernels make it, then q / k / v, each [heads, tokens, dim]
-                x = h.double() * g.double() if norm else h.double()
-                y = x @ w.t()
-                if norm:
-                    y = y * torch.rsqrt(h.double().pow(2).mean(1, keepdim=True) + 1e-6)
-                y = y.float() + (b.float() if bias else 0.0)
-                y = y.to(dtype).float().view(tokens, heads + 2 * kv, 2, dim // 2).transpose(0, 1)
-                ya, yb = y[:, :, 0], y[:, :, 1]
-                c, s_ = (t[pos: pos + tokens].float().view(tokens, 2, dim // 2) for t in (cos, sin))
-
-                def rounded(t, dtype=dtype):
-                    return t.to(dtype).float()
-
-                rot = torch.cat([rounded(rounded(ya * c[:, 0]) + rounded(-yb * s_[:, 0])),
-                                 rounded(rounded(yb * c[:, 1]) + rounded(ya * s_[:, 1]))], -1)
-                want = torch.cat([rot[: heads + kv], torch.cat([ya, yb], -1)[heads + kv:]])
-                bound = 4 * torch.finfo(dtype).eps * (ya.abs() + yb.abs()).repeat(1, 1, 2) + 1e-30
+                want, bound = rope_reference(h, g if norm else None, w, b, cos, sin, pos, heads, kv, dtype)
                 label = (str(dtype), heads, kv, dim, tokens, scheme)
                 for q, kc, vc in outs:
                     got = torch.cat([q, kc[:, pos: pos + tokens], vc[:, pos: pos + tokens]]).float()
@@ -623,6 +745,23 @@ def test_int4_products_over_several_tiles_in_tritons_interpreter():
     run_interpreted(INTERPRETED_INT4_PRODUCTS)
 
 
+INTERPRETED_W4A8_PRODUCTS = """
+import sys
+sys.path.insert(0, "tests")
+from test_kernels import check_w4a8_products, check_w4a8_qkv
+check_w4a8_products("cpu")
+check_w4a8_qkv("cpu")
+print("ok")
+"""
+
+
+def test_w4a8_products_in_tritons_interpreter():
+    """The int4 products with 8-bit inputs (a `w4a8` draft's one-token products) against their float64 reference
+    and against the product over the inputs as they are, and its q/k/v product with the rotary embedding, in
+    Triton's interpreter (dp4a as four products): `check_w4a8_products`, `check_w4a8_qkv`."""
+    run_interpreted(INTERPRETED_W4A8_PRODUCTS)
+
+
 def skip_without_triton() -> None:
     """Skips the calling test where Triton (and so the fused kernels) is missing."""
     from spec.models import kernels
@@ -636,6 +775,14 @@ def test_int4_products_over_several_tiles_on_a_gpu():
     """The same on the GPU, where the codes become floats through the inline PTX LOP3."""
     skip_without_triton()
     check_int4_products("cuda")
+
+
+@cuda
+def test_w4a8_products_on_a_gpu():
+    """The same on the GPU, where dp4a is one instruction; the q/k/v product also in bf16."""
+    skip_without_triton()
+    check_w4a8_products("cuda")
+    check_w4a8_qkv("cuda", (torch.float32, torch.bfloat16))
 
 
 def check_streamed_products(device: str, schemes=("none", "int8", "int4"), dtypes=(torch.float32,)) -> None:

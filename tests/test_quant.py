@@ -183,6 +183,16 @@ def test_errors_name_the_format_and_the_reason():
     assert parser.parse_args(["--draft-quant", "int4"]).draft_quant == "int4"
     with pytest.raises(SystemExit):
         parser.parse_args(["--draft-quant", "int3"])
+    # w4a8: a draft's, on CUDA's graph backend only, said before anything loads
+    assert parser.parse_args(["--draft-quant", "w4a8"]).draft_quant == "w4a8"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--target-quant", "w4a8"])
+    assert "draft format only" in qz.quant_error("--target-quant", "w4a8", "cuda")
+    assert "CUDA kernels, not on a cpu" in qz.quant_error("draft", "w4a8", "cpu")
+    assert "graph backend's fused kernels" in qz.eager_quant_error("draft", "w4a8", "cuda", torch.bfloat16)
+    assert qz.quant_error("draft", "w4a8", "cuda") is None
+    with pytest.raises(ModelError, match="w4a8 runs in the graph backend's CUDA kernels"):
+        load_pair("tiny", device="cpu", draft_quant="w4a8")
 
 
 def test_auto_picks_the_draft_format_measured_fastest_where_the_draft_runs():
@@ -624,11 +634,11 @@ def test_cuda_eager_layers_match_their_weights(scheme, dtype):
 
 
 @cuda
-@pytest.mark.parametrize("scheme", ["int8", "int4", pytest.param("fp8", marks=FP8_GPU)])
+@pytest.mark.parametrize("scheme", ["int8", "int4", "w4a8", pytest.param("fp8", marks=FP8_GPU)])
 def test_cuda_graph_draft_quant_keeps_greedy_output(scheme):
     """A quantized draft on the graph backend (its fused kernels, fp32 here) changes no answer: greedy
     speculation equals plain greedy decoding of the unquantized fp32 target token for token, and the quantized
-    draft still agrees with it often."""
+    draft still agrees with it often (w4a8: its one-token steps over 8-bit inputs, its other forwards int4's)."""
     from spec.models import make_model
 
     pair = load_pair("tiny", device="cuda", backend="graph", draft_quant=scheme)

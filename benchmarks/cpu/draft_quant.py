@@ -13,6 +13,11 @@ not: every format's draft reads the same texts (the first format's speculative o
 to its near-ties) in one forward, and counts the positions where its argmax is the text's next token, which is what
 greedy speculation accepts. `agreement_vs_first` is the difference from the first format on those same positions,
 with its paired standard error sqrt(positions where exactly one of the two agrees) / positions.
+
+`int4+a8` in --quants is the int4 draft with every product's inputs rounded to 8 bits a group of 32 first, as a
+`w4a8` draft's one-token products round them on CUDA (`quant.inputs_in_8_bits`, in PyTorch before each packed
+layer): what those 8 bits cost the draft's agreement and alpha-hat, measured where the pair runs (w4a8 itself is
+CUDA's; here every forward of the draft rounds, on a GPU only its one-token steps). Its times are not w4a8's.
 """
 
 from __future__ import annotations
@@ -28,7 +33,22 @@ from spec.cli import add_model_args, load_from_args  # noqa: E402
 from spec.harness import Setup, forward_times, run_prompt, warm_up  # noqa: E402
 from spec.io import Results, load_prompts, table  # noqa: E402
 from spec.models import chat_ids  # noqa: E402
-from spec.models.quant import QUANTS  # noqa: E402
+from spec.models.quant import QUANTS, QuantLinear, inputs_in_8_bits  # noqa: E402
+
+EMULATED_A8 = "int4+a8"  # the int4 draft, its products' inputs rounded to 8 bits first (w4a8's rounding)
+
+
+def round_inputs_to_8_bits(model) -> int:
+    """Every packed layer of `model` takes its input rounded to 8 bits a group (w4a8's rounding), by a forward
+    pre-hook; returns the layers hooked."""
+    def hook(module, args):
+        xq, step = inputs_in_8_bits(args[0])
+        return ((xq * step).reshape(args[0].shape).to(args[0].dtype),)
+
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    for layer in layers:
+        layer.register_forward_pre_hook(hook)
+    return len(layers)
 
 COLUMNS = [("quant", ""), ("prompts", ""), ("draft_step_ms", ".1f"), ("c", ".3f"), ("identical", ""),
            ("alpha", ".3f"), ("agreement", ".3f"), ("agreement_vs_first", "+.3f"), ("agreement_se", ".3f"),
@@ -90,23 +110,27 @@ def main(argv=None) -> dict:
                              "of K drafts is K + 1 tokens; default 1)")
     args = parser.parse_args(argv)
     quants = args.quants.split(",")
-    if unknown := set(quants) - set(QUANTS):
-        parser.error(f"unknown --quants {', '.join(sorted(unknown))}; choose from {', '.join(QUANTS)}")
+    if unknown := set(quants) - {*QUANTS, EMULATED_A8}:
+        parser.error(f"unknown --quants {', '.join(sorted(unknown))}; choose from {', '.join(QUANTS)}, {EMULATED_A8}")
+    if EMULATED_A8 in quants and args.products_only:
+        parser.error(f"{EMULATED_A8} is int4's products with a rounding before them: --products-only times int4")
     if args.products_only:  # CPU kernels: how a product's time grows with the tokens it carries
         rows = [{"tokens": m, **{quant: product_ms(quant, tokens=m) for quant in quants}}
                 for m in (int(t) for t in args.product_tokens.split(","))]
         print("a [tokens, 896] x [896, 4864] bf16 product on the CPU, ms:")
         print(table(rows, [("tokens", "d"), *((q, ".3f") for q in quants)]))
         return {"products_ms": rows}
-    products = {quant: product_ms(quant) for quant in quants}
+    products = {quant: product_ms(quant) for quant in quants if quant != EMULATED_A8}
     print("one [1, 896] x [896, 4864] bf16 product (CPU): " +
           ", ".join(f"{q} {ms:.3f} ms" for q, ms in products.items()))
     results, summary = Results("draft_quant"), []
     texts, first_agrees = {}, {}  # the first format's outputs (prompt ids, text), and its agreement there
     sets = {name: load_prompts(name)[: args.limit] for name in args.prompts.split(",")}
     for quant in quants:
-        args.draft_quant = quant
+        args.draft_quant = "int4" if quant == EMULATED_A8 else quant
         pair = load_from_args(args)
+        if quant == EMULATED_A8 and not round_inputs_to_8_bits(pair.draft.model):
+            raise SystemExit(f"{EMULATED_A8}: the draft has no packed layers to hook")
         context = chat_ids(pair.tokenizer, next(iter(sets.values()))[0]["prompt"])
         # untimed: the graph backend captures its graphs for every text length these prompts reach, and times
         # packed weights' small forwards against one-token steps (GraphModel.stepwise); then one short generation

@@ -34,7 +34,13 @@ from spec.models.quant import GROUP, PackedWeight, QuantLinear  # noqa: E402
 # word kernel (session 19) takes kernels.INT4_TILE: beside it, more rows a thread, and the tiles it had before.
 ALTERNATES = {("int4", "head"): [(32, 1024, 4), (16, 256, 4)], ("int8", "head"): [(16, 128, 4)],
               ("int4", "gate_up"): [(32, 512, 4), (8, 512, 4)], ("int4", "down"): [(32, 1024, 4), (8, 4096, 8)],
-              ("int4", "o"): [(32, 1024, 4), (8, 2048, 8)]}
+              ("int4", "o"): [(32, 1024, 4), (8, 2048, 8)],
+              # w4a8 (int4 codes x 8-bit inputs, a draft's): fewer registers and instructions a weight than int4's
+              # word kernel, so more rows a thread may pay
+              ("w4a8", "o"): [(16, 1024, 4), (16, 2048, 8), (32, 1024, 4)],
+              ("w4a8", "gate_up"): [(32, 1024, 4), (8, 1024, 4), (16, 2048, 8)],
+              ("w4a8", "down"): [(16, 1024, 4), (16, 2048, 4), (32, 1024, 4)],
+              ("w4a8", "head"): [(32, 1024, 4), (32, 512, 4), (16, 2048, 8)]}
 
 
 # q/k/v's 2-4-token product over packed weights: a RAW product of all 3072 rows into fp32 (its rotary embedding is a
@@ -127,7 +133,8 @@ def time_us(launches, repeats: int = 20, trials: int = 10) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--schemes", default="none,int8,int4")
+    parser.add_argument("--schemes", default="none,int8,int4", help="of none, int8, int4 and w4a8 (int4 codes "
+                        "times 8-bit inputs, one token only; default %(default)s)")
     parser.add_argument("--products", default=",".join(PRODUCTS), help=f"of {', '.join(PRODUCTS)} and qkv (2-4 "
                         "tokens over packed weights only)")
     parser.add_argument("--tokens", default="1", help="token counts, e.g. 1,2,4: packed weights' 2-4-token products "
@@ -141,14 +148,15 @@ def main() -> None:
     device = torch.device("cuda")
     rows = []
     for scheme in args.schemes.split(","):
+        packed = "int4" if scheme == "w4a8" else scheme  # w4a8's weights are int4's
         for name in args.products.split(","):
             kind, epilogue, n, k = QKV if name == "qkv" else PRODUCTS[name]
-            copies = [weight(scheme, n * (2 if epilogue == kernels.SILU_MUL else 1), k, device)]
+            copies = [weight(packed, n * (2 if epilogue == kernels.SILU_MUL else 1), k, device)]
             size = nbytes(copies[0])
             copies += [copy_of(copies[0]) for _ in range(min(19, -(-L2_CLEAR // size) - 1))]
             norm = None if epilogue == kernels.ADD else torch.ones(k, device=device, dtype=torch.bfloat16)
             for tokens in map(int, args.tokens.split(",")):
-                if name == "qkv" and not kernels.few_tokens(tokens, scheme):
+                if name == "qkv" and not kernels.few_tokens(tokens, packed) or scheme == "w4a8" and tokens > 1:
                     continue
                 x = torch.randn(tokens, k, device=device, dtype=torch.bfloat16).squeeze(0)
                 dtype = torch.float32 if epilogue in (kernels.LOGITS, kernels.RAW) else torch.bfloat16
@@ -160,11 +168,11 @@ def main() -> None:
                 configs = list(dict.fromkeys([chosen, *alternates]))
                 with kernels.compiling_ahead(ignore_errors=True):  # every variant compiles at once
                     for config in configs:
-                        kernels.gemv(x, copies[0], out, epilogue, norm, 1e-5, config)
+                        kernels.gemv(x, copies[0], out, epilogue, norm, 1e-5, config, a8=scheme == "w4a8")
                 for config in configs:
                     rows.append(time_product(args, scheme, name, n, k, tokens, config, chosen, copies, x, out,
                                              epilogue, norm, size))
-                if not args.no_libraries:
+                if not args.no_libraries and scheme != "w4a8":
                     rows += time_libraries(scheme, name, n * (2 if epilogue == kernels.SILU_MUL else 1), k, tokens,
                                            len(copies), x, size, device)
     with open(args.json, "w") as f:
@@ -201,7 +209,8 @@ def time_libraries(scheme, name, rows, k, tokens, copies, x, size, device) -> li
 
 def time_product(args, scheme, name, n, k, tokens, config, chosen, copies, x, out, epilogue, norm, size) -> dict:
     try:
-        us = time_us([functools.partial(kernels.gemv, x, c, out, epilogue, norm, 1e-5, config) for c in copies])
+        us = time_us([functools.partial(kernels.gemv, x, c, out, epilogue, norm, 1e-5, config, a8=scheme == "w4a8")
+                      for c in copies])
     except Exception as e:  # a tile that does not compile or fit
         print(f"{scheme:5} {name:8} x{tokens} {config}: {type(e).__name__}: {str(e)[:80]}", flush=True)
         return {"scheme": scheme, "product": name, "tokens": tokens, "config": list(config), "error": str(e)[:300]}

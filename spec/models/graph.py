@@ -47,6 +47,8 @@ from spec.models.attention import additive_mask, cached_attention, use_grouped_a
 from spec.models.base import ModelError, parameter_bytes, sliding_window, sync_time
 from spec.models.eager import align_weights
 from spec.models.quant import (
+    PACKED_AS,
+    W4A8,
     PackedWeight,
     QuantLinear,
     fuse_packed,
@@ -288,7 +290,7 @@ class GraphModel:
             kernels.LIBRARY_TOKENS tokens or more (twice the int4 weights' memory, read once a product either way)."""
             if quant == "none":
                 return w
-            packed = pack_for_kernels(w, quant)
+            packed = pack_for_kernels(w, PACKED_AS.get(quant, quant))
             return packed if library_layout_error(packed, dtype) else with_library_layout(packed)
 
         with torch.no_grad():
@@ -302,6 +304,8 @@ class GraphModel:
                                   "cache": "packed on the GPU for the fused kernels"}
         # Prompts go through the fused kernels in chunks of this many tokens (0: through the layer stack).
         self.prefill_chunk = fused_tokens if fused_tokens > 1 else 0
+        # w4a8 (a draft's): the one-token products take their inputs rounded to 8 bits (kernels.gemv's `a8`).
+        self.a8 = quant == W4A8
         # Programmatic dependent launch for the Triton kernels, where the GPU has it (Hopper and later).
         self.pdl = pdl and kernels.pdl_supported(self.device)
         # The layer stack is compiled only where it runs the decode path (no fused step) in half precision: with the
@@ -429,18 +433,19 @@ class GraphModel:
         for i, ((norm1, (_, b_qkv), _, norm2, _, _, _), (w_qkv, w_o, w_gu, w_down)) in enumerate(
                 zip(self.layers, self.step_weights, strict=True)):
             kernels.qkv_rope(h, norm1.weight, norm1.variance_epsilon, w_qkv, b_qkv, cos, sin, self.pos, q,
-                             self.k_cache[i], self.v_cache[i], self.heads, self.kv_heads, pdl=self.pdl, normed=normed)
+                             self.k_cache[i], self.v_cache[i], self.heads, self.kv_heads, pdl=self.pdl, normed=normed,
+                             a8=self.a8)
             out = kernels.decode_attention(q_rows, self.k_cache[i], self.v_cache[i], self.pos, span, n, self.scaling,
                                            self.pdl, mask)
             normed = kernels.gemv(out, w_o, h, kernels.ADD, head_major=self.head_dim, pdl=self.pdl,
-                                  norm_next=(norm2.weight, norm2.variance_epsilon, w_gu))
+                                  norm_next=(norm2.weight, norm2.variance_epsilon, w_gu), a8=self.a8)
             kernels.gemv(h, w_gu, act, kernels.SILU_MUL, norm2.weight, norm2.variance_epsilon, pdl=self.pdl,
-                         normed=normed)
+                         normed=normed, a8=self.a8)
             next_norm, next_weight = normed_products[i + 1]
             normed = kernels.gemv(act, w_down, h, kernels.ADD, pdl=self.pdl,
-                                  norm_next=(next_norm.weight, next_norm.variance_epsilon, next_weight))
+                                  norm_next=(next_norm.weight, next_norm.variance_epsilon, next_weight), a8=self.a8)
         kernels.gemv(h, head, logits, kernels.LOGITS, norm.weight, norm.variance_epsilon, pdl=self.pdl,
-                     normed=normed)
+                     normed=normed, a8=self.a8)
         return logits[:, : self.vocab]
 
     def _logits(self, ids: torch.Tensor, span: torch.Tensor, keep: int | None = None, tree: bool = False

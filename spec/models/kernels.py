@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from spec.models.base import cache_root
-from spec.models.quant import GROUP, KERNEL_FORMATS, PackedWeight, int4_library_mm
+from spec.models.quant import GROUP, KERNEL_FORMATS, PACKED_AS, W4A8, PackedWeight, int4_library_mm
 
 MAX_ROWS = 128  # query rows (query heads per K/V head x new tokens) one program holds; more are split over programs
 MAX_ROW_BLOCKS = 4  # ... up to this many a head and chunk (a 64-node tree of 4-6 query heads a K/V head); more: SDPA
@@ -576,6 +576,8 @@ def gemv_config(kind: str, n: int, k: int, device: torch.device | None = None,
     exact = table.get((tuned_kind(kind, tokens, quant), n, k))
     if exact:
         return exact
+    if quant in PACKED_AS:  # w4a8: its own tuned tiles where there are, else its weights' format's
+        return gemv_config(kind, n, k, device, tokens, PACKED_AS[quant])
     if few_tokens(tokens, quant):  # RAW (a product asked for without the q/k/v wrapper's tile) as an ADD's rows
         kind = "add" if kind == "raw" else kind
         return few_tile(gemv_config(kind, n, k, device, 1, quant), tokens, quant, kind)
@@ -693,15 +695,15 @@ ROPE_IN_PRODUCT = os.environ.get("SPARK_SPEC_ROPE_IN_PRODUCT", "1") == "1"
 
 def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_cache, v_cache,
              heads: int, kv_heads: int, config: tuple[int, ...] | None = None, pdl: bool = False,
-             normed: torch.Tensor | None = None) -> None:
+             normed: torch.Tensor | None = None, a8: bool = False) -> None:
     """RMSNorm(h) [M, K] (or [K]: one token) times the fused q/k/v weight [(heads + 2 kv_heads) * D, K] (+ bias;
     a tensor or a PackedWeight), rotary embedding of token m at position pos + m on q and k; q into q_out,
     head-major [heads, M, D], k and v into the caches [kv_heads, capacity, D] at pos + m. M <= MAX_KERNEL_TOKENS.
-    `normed`: RMSNorm(h) already made (`gemv`'s `norm_next`), taken instead of h."""
+    `normed`: RMSNorm(h) already made (`gemv`'s `norm_next`), taken instead of h. `a8`: as `gemv`'s."""
     dim = k_cache.shape[-1]
     tokens, k = (1, h.shape[0]) if h.dim() == 1 else h.shape
     operands, quant = weight_operands(w_qkv)
-    config = config or gemv_config("qkv", dim // 2, k, h.device, tokens, _scheme(w_qkv))
+    config = config or gemv_config("qkv", dim // 2, k, h.device, tokens, _tiles_format(w_qkv, a8, tokens))
     bias = operands[0] if b_qkv is None else b_qkv
     if tokens == 1:
         if dim // 2 % config[0]:
@@ -709,7 +711,7 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
         _launch(_triton().qkv_rope, (heads + 2 * kv_heads, dim // 2 // config[0]), config, pdl, h, norm_weight, eps,
                 *operands, bias, cos, sin, pos, q_out, k_cache, v_cache, k, k_cache.stride(0), HEADS=heads,
                 KV=kv_heads, D=dim, HAS_BIAS=b_qkv is not None, BH=config[0],
-                BLOCK_K=config[1], **quant)
+                BLOCK_K=config[1], **quant, A8=a8_inputs(a8, quant))
         return
     # 2-64 tokens: the product (its rows spread over every multiprocessor) into fp32, then one program a head for
     # the bias, rounding and rotary embedding. (A product of 6144 rows in programs that own whole heads' rotary
@@ -738,7 +740,8 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
 
 def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
          config: tuple[int, ...] | None = None, head_major: int = 0, pdl: bool = False,
-         normed: torch.Tensor | None = None, norm_next: tuple | None = None) -> torch.Tensor | None:
+         normed: torch.Tensor | None = None, norm_next: tuple | None = None, a8: bool = False
+         ) -> torch.Tensor | None:
     """The product x . weight.T of M tokens x [M, K] (or [K]: one token; weight [N, K], a tensor in the model's
     dtype or a PackedWeight, int8 / int4 codes de-quantised in registers) with an epilogue into `out` [M, N]: ADD
     (out += y), SILU_MUL (the weight holds gate then up, N rows each: out = SiLU(gate) * up), LOGITS (out fp32 =
@@ -752,7 +755,10 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
     Between library products (LIBRARY_FUSED): `norm_next` = (norm weight, eps, the next product's weight) on an ADD
     asks for the next product's input, RMSNorm(out) [M, N], made by this epilogue; it is returned when both
     products run the library's kernel (else None, and the next product norms its own input). The next product takes
-    it as `normed`, in place of x and its norm."""
+    it as `normed`, in place of x and its norm.
+
+    `a8` (a draft's `w4a8`): a one-token product over int4 codes multiplies them by its inputs rounded to 8 bits a
+    group (`triton_kernels.int4_word_sums_a8`); other products ignore it."""
     n = weight.shape[0] // (2 if epilogue == SILU_MUL else 1)
     k = weight.shape[1]
     tokens = x.numel() // k
@@ -765,14 +771,14 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
                             norm_next[:2] if fuse else None)
     kind = {ADD: "add", SILU_MUL: "silu_mul", LOGITS: "logits", RAW: "raw"}[epilogue]
     operands, quant = weight_operands(weight)
-    config = config or gemv_config(kind, n, k, x.device, tokens, _scheme(weight))
+    config = config or gemv_config(kind, n, k, x.device, tokens, _tiles_format(weight, a8, tokens))
     args = (x, x if norm_weight is None else norm_weight, eps, *operands, out)
     constexprs = dict(NORM=norm_weight is not None, EPILOGUE=epilogue, BN=config[0], BLOCK_K=config[1], **quant)
     grid = (-(-n // config[0]),)
     if tokens == 1:
         programs = stream_programs(grid[0], x.device)
         kernel = _triton().gemv_stream if STREAM > 0 else _triton().gemv
-        _launch(kernel, (programs,), config, pdl, *args, n, k, **constexprs)
+        _launch(kernel, (programs,), config, pdl, *args, n, k, **constexprs, A8=a8_inputs(a8, quant))
     elif few_tokens(tokens, _scheme(weight)):
         _launch(_triton().gemv_few, grid, config, pdl, *args, tokens, n, k, **constexprs, XD=head_major,
                 MT=_pow2(tokens))
@@ -781,6 +787,16 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
         constexprs.update(tiles)
         _launch(_triton().gemv_rows, grid, config, pdl, *args, *scratch, tokens, n, k, span, **constexprs,
                 XD=head_major)
+
+
+def a8_inputs(a8: bool, quant: dict) -> bool:
+    """Whether a one-token product takes its inputs rounded to 8 bits (A8): asked for, over int4 codes."""
+    return a8 and quant["QUANT"] == 2
+
+
+def _tiles_format(weight, a8: bool, tokens: int) -> str:
+    """The format whose tiles a product takes (`gemv_config`): its weights', or w4a8 for a one-token A8 product."""
+    return W4A8 if tokens == 1 and a8_inputs(a8, weight_operands(weight)[1]) else _scheme(weight)
 
 
 # One-token products in fewer programs than row blocks: with STREAM > 0, `triton_kernels.gemv_stream` in STREAM

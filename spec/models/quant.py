@@ -57,9 +57,13 @@ import torch
 from spec import log
 from spec.models.base import ModelError, cache_root
 
-QUANTS = ("none", "int8", "int4", "fp8")
+QUANTS = ("none", "int8", "int4", "fp8")  # weight-only: what --target-quant takes
+# w4a8, a draft's only: int4 weights whose one-token products multiply the codes by the inputs rounded to 8 bits a
+# group (kernels.gemv's `a8`), in the graph backend's CUDA kernels. It changes the draft's products, so never a
+# served target's; any draft keeps the answers exact.
+W4A8 = "w4a8"
 AUTO = "auto"
-DRAFT_QUANTS = (AUTO, *QUANTS)  # --draft-quant also takes auto (the default): `auto_quant` picks the format
+DRAFT_QUANTS = (AUTO, *QUANTS, W4A8)  # --draft-quant also takes auto (the default): `auto_quant` picks the format
 GROUP = 32  # inputs per int4 scale and offset: Q4_K_M's block size, and the smallest the int4 kernel takes
 INT4_ROWS = 16  # the int4 kernel packs output rows in multiples of 16; the head's rows are padded up to it
 
@@ -67,8 +71,14 @@ INT4_ROWS = 16  # the int4 kernel packs output rows in multiples of 16; the head
 def quant_error(what: str, scheme: str, device: torch.device | str) -> str | None:
     """Why `scheme` cannot quantize `what` on `device`, or None if it can."""
     device = torch.device(device)
-    if scheme not in QUANTS:
-        return f"unknown quantization {scheme!r}; choose {', '.join(QUANTS)}"
+    if scheme == W4A8 and what.startswith("--target-quant"):
+        return (f"{what}: w4a8 rounds a product's inputs to 8 bits, which would change the served answers further; "
+                "it is a draft format only (--draft-quant w4a8); the target takes none, int8, int4 or fp8")
+    if scheme == W4A8 and device.type != "cuda":
+        return (f"{what}: w4a8 runs in the graph backend's CUDA kernels, not on a {device.type}; int4 is the "
+                "same weights there, with the inputs as they are")
+    if scheme not in (*QUANTS, W4A8):
+        return f"unknown quantization {scheme!r}; choose {', '.join((*QUANTS, W4A8))}"
     if scheme == "fp8" and not fp8_device(device):
         return (f"{what}: fp8 weights run on a GPU that reads fp8 (compute capability 8.9 or later: H100, H200, DGX "
                 f"Spark), not on this {device.type}" + (" GPU" if device.type == "cuda" else "") +
@@ -110,6 +120,16 @@ def auto_quant(model, fused_kernels: bool) -> tuple[str, str]:
     return "int8", f"int4 is the fastest on a CPU, but a layer's inputs do not split into groups of {GROUP}"
 
 
+def inputs_in_8_bits(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """A w4a8 product's inputs as its kernel rounds them (`triton_kernels.int4_inputs_a8`), in PyTorch: x [..., K]
+    in groups of `group` along K, each group's values times 127 / its largest magnitude, rounded to integers (fp32,
+    ties to even): (the integers in [-127, 127] as fp32 [..., K / group, group], each group's step = largest
+    magnitude / 127 [..., K / group, 1]). A group of zeros is integers 0 with step 0."""
+    groups = x.float().reshape(*x.shape[:-1], x.shape[-1] // group, group)
+    top = groups.abs().amax(-1, keepdim=True)
+    return torch.round(groups * torch.where(top > 0, 127.0 / top, 0.0)), top / 127
+
+
 def fp8_device(device: torch.device) -> bool:
     """Whether `device` is a CUDA GPU whose kernels read fp8 (Triton's e4m3 needs compute capability 8.9+)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
@@ -117,6 +137,9 @@ def fp8_device(device: torch.device) -> bool:
 
 def eager_quant_error(what: str, scheme: str, device: torch.device | str, dtype: torch.dtype) -> str | None:
     """Why the eager backend's layers cannot run `scheme` on `device` in `dtype` (beyond `quant_error`)."""
+    if scheme == W4A8:
+        return (f"{what}: w4a8 runs in the graph backend's fused kernels (CUDA, Llama/Qwen2 layers), not in the "
+                "eager backend's layers; int4 is the same weights there")
     if scheme == "int4" and torch.device(device).type == "cuda" and dtype != torch.bfloat16:
         return (f"{what}: int4 on the eager backend on CUDA runs PyTorch's tinygemm kernel, which takes bfloat16 only "
                 f"(not {str(dtype).removeprefix('torch.')}); use --dtype bfloat16, int8, or the graph backend")
@@ -390,6 +413,7 @@ TINYGEMM_INNER_K_TILES = 8  # gpt-fast's choice; K must then be a multiple of 8 
 # The fused kernels' QUANT constant: fp8 shares int8's arithmetic (codes cast to the model's dtype, row scales after
 # the sum); only the codes' dtype differs, and the kernels read it from the pointer.
 KERNEL_FORMATS = {"none": 0, "int8": 1, "int4": 2, "fp8": 1}
+PACKED_AS = {W4A8: "int4"}  # a format whose weights are packed as another's
 
 
 @dataclass

@@ -384,6 +384,76 @@ def int4_word_sums(w, s, z, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G: tl
     return s.to(tl.float32) * (part - offset[None, :]) + z.to(tl.float32) * total[None, :]
 
 
+# ---- int4 codes times 8-bit inputs (A8, a draft's one-token products) ---------------------------------------------
+#
+# The word kernel above makes each code a float and multiplies it by its input: about four instructions a weight on
+# sm_90, the H200's budget at its bandwidth (docs/quantization.md). A8 multiplies the codes by the inputs rounded to
+# 8 bits instead, four at a time in one integer dot product (`dp4a`): each group of G inputs gets its own scale (its
+# largest magnitude over 127), so an input moves by at most half its group's step; the low nibbles of a word, masked
+# in place (one LOP3), are four unsigned bytes against the four inputs they multiply, the high nibbles the same after
+# a shift. A group's sum of codes x rounded inputs is an exact integer. This changes the products, so it is for a
+# draft only (any draft keeps the answer exact; acceptance may move), never a served target.
+
+
+@triton.jit
+def dp4a(a, b, c):
+    """c + the dot product of a's four unsigned bytes with b's four signed ones (int32 each): one instruction on a
+    GPU (dp4a.u32.s32), four products and their sum in Triton's interpreter."""
+    if _ASM:
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    out = c
+    for j in tl.static_range(4):
+        out += ((a >> (8 * j)) & 0xFF) * ((b << (24 - 8 * j)) >> 24)
+    return out
+
+
+@triton.jit
+def signed_byte(x, inv, shift: tl.constexpr):
+    """round(x * inv) (|x * inv| <= 127.5) as a byte at bit `shift` of an int32: the float 1.5 * 2^23 + v holds v's
+    two's complement in its low mantissa bits, rounded to nearest even, so its low byte is v's."""
+    v = (x * inv + 12582912.0).to(tl.int32, bitcast=True) & 0xFF
+    return v << shift
+
+
+@triton.jit
+def int4_inputs_a8(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
+    """One token's inputs for a tile of int4 words, rounded to 8 bits a group: the inputs of each word's low and
+    high nibbles as four signed bytes (int32 [BLOCK_K / 8] each), per group [BLOCK_K / G] its step (largest
+    magnitude / 127) and its inputs' exact sum, and the running sum of squares."""
+    r0, l0 = int4_input(x_ptr, nw_ptr, k0, K, 0, NORM, BLOCK_K, G)
+    r1, l1 = int4_input(x_ptr, nw_ptr, k0, K, 1, NORM, BLOCK_K, G)
+    r2, l2 = int4_input(x_ptr, nw_ptr, k0, K, 2, NORM, BLOCK_K, G)
+    r3, l3 = int4_input(x_ptr, nw_ptr, k0, K, 3, NORM, BLOCK_K, G)
+    r4, h0 = int4_input(x_ptr, nw_ptr, k0, K, 4, NORM, BLOCK_K, G)
+    r5, h1 = int4_input(x_ptr, nw_ptr, k0, K, 5, NORM, BLOCK_K, G)
+    r6, h2 = int4_input(x_ptr, nw_ptr, k0, K, 6, NORM, BLOCK_K, G)
+    r7, h3 = int4_input(x_ptr, nw_ptr, k0, K, 7, NORM, BLOCK_K, G)
+    if NORM:
+        sq += r0 * r0 + r1 * r1 + r2 * r2 + r3 * r3 + r4 * r4 + r5 * r5 + r6 * r6 + r7 * r7
+    groups: tl.constexpr = BLOCK_K // G
+    big = tl.maximum(tl.maximum(tl.maximum(tl.abs(l0), tl.abs(l1)), tl.maximum(tl.abs(l2), tl.abs(l3))),
+                     tl.maximum(tl.maximum(tl.abs(h0), tl.abs(h1)), tl.maximum(tl.abs(h2), tl.abs(h3))))
+    top = tl.max(tl.reshape(big, (groups, G // 8)), 1)
+    step = top / 127.0
+    inv_g = 127.0 / tl.maximum(top, 1e-30)  # (a group of zeros, or past K: every input 0 either way)
+    inv = tl.reshape(tl.broadcast_to(inv_g[:, None], (groups, G // 8)), (BLOCK_K // 8,))
+    xl = signed_byte(l0, inv, 0) | signed_byte(l1, inv, 8) | signed_byte(l2, inv, 16) | signed_byte(l3, inv, 24)
+    xh = signed_byte(h0, inv, 0) | signed_byte(h1, inv, 8) | signed_byte(h2, inv, 16) | signed_byte(h3, inv, 24)
+    total = tl.sum(tl.reshape(l0 + l1 + l2 + l3 + h0 + h1 + h2 + h3, (groups, G // 8)), 1)
+    return xl, xh, step, total, sq
+
+
+@triton.jit
+def int4_word_sums_a8(w, s, z, xl, xh, step, total, G: tl.constexpr):
+    """Each group's share of a one-token product with 8-bit inputs, [rows, groups]: s step sum(q xq) + (z - 8 s)
+    sum(x), the codes' sums exact integers (two dp4a a word)."""
+    d = dp4a(w & 0x0F0F0F0F, xl[None, :], dp4a((w >> 4) & 0x0F0F0F0F, xh[None, :], 0))
+    part = tl.sum(tl.reshape(d, (w.shape[0], w.shape[1] // (G // 8), G // 8)), 2).to(tl.float32)
+    s = s.to(tl.float32)
+    return s * step[None, :] * part + (z.to(tl.float32) - 8.0 * s) * total[None, :]
+
+
 @triton.jit
 def int4_tile_dot(w_ptr, s_ptr, z_ptr, rows, rm, k0, K, xl, xh, acc, BN: tl.constexpr, BLOCK_K: tl.constexpr,
                   G: tl.constexpr, PRECISION: tl.constexpr):
@@ -490,7 +560,8 @@ def rotary(ya, yb, ca, cb, sa, sb, rotate, like_ptr):
 @triton.jit
 def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, K,
              kv_stride, HEADS: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, HAS_BIAS: tl.constexpr,
-             BH: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
+             BH: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr,
+             A8: tl.constexpr = False):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     head = tl.program_id(0)  # q heads, then k heads, then v heads
@@ -523,7 +594,7 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
                                                    QUANT, G)
         # two tiles of rows, as gate/up's (EPILOGUE 1 sums the second), over the normed input (NORM True)
         acc_a, acc_b, sq = one_token_sums(h_ptr, nw_ptr, k0, K, wa, sa_, za, wb, sb_, zb, acc_a, acc_b, sq, True, 1,
-                                          BLOCK_K, QUANT, G)
+                                          BLOCK_K, QUANT, G, A8)
         wa, sa_, za = wa_next, sa_next, za_next
         wb, sb_, zb = wb_next, sb_next, zb_next
     r = tl.rsqrt(tl.sum(sq, 0) / K + eps)  # RMSNorm's scale, applied after the sum
@@ -548,10 +619,16 @@ def qkv_rope(h_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, b_ptr, cos_ptr, sin_ptr, p
 
 @triton.jit
 def one_token_sums(x_ptr, nw_ptr, k0, K, w, ws, wz, u, us, uz, acc, acc_up, sq, NORM: tl.constexpr,
-                   EPILOGUE: tl.constexpr, BLOCK_K: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
+                   EPILOGUE: tl.constexpr, BLOCK_K: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr,
+                   A8: tl.constexpr = False):
     """A one-token product's running sums (and the up projection's, and its inputs' squares) with the weight tile
-    of inputs k0.. added."""
-    if QUANT == 2:
+    of inputs k0.. added; int4 codes with A8 times the inputs rounded to 8 bits (`int4_word_sums_a8`)."""
+    if QUANT == 2 and A8:
+        xl, xh, step, total, sq = int4_inputs_a8(x_ptr, nw_ptr, k0, K, sq, NORM, BLOCK_K, G)
+        acc += int4_word_sums_a8(w, ws, wz, xl, xh, step, total, G)
+        if EPILOGUE == 1:
+            acc_up += int4_word_sums_a8(u, us, uz, xl, xh, step, total, G)
+    elif QUANT == 2:
         l0, l1, l2, l3, h0, h1, h2, h3, total, offset, sq = int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM, BLOCK_K, G)
         acc += int4_word_sums(w, ws, wz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
         if EPILOGUE == 1:
@@ -590,7 +667,7 @@ def first_block(w_ptr, s_ptr, z_ptr, block, N, K, EPILOGUE: tl.constexpr, BN: tl
 @triton.jit
 def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
          NORM: tl.constexpr, EPILOGUE: tl.constexpr, BN: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-         QUANT: tl.constexpr, G: tl.constexpr):
+         QUANT: tl.constexpr, G: tl.constexpr, A8: tl.constexpr = False):
     rows, rm, w, ws, wz, u, us, uz, rw, ru = first_block(w_ptr, s_ptr, z_ptr, tl.program_id(0), N, K, EPILOGUE, BN,
                                                          BLOCK_K, PDL, QUANT, G)
     acc, acc_up, sq = accumulators(BN, BLOCK_K, QUANT, G)
@@ -598,7 +675,7 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
         w_next, ws_next, wz_next, u_next, us_next, uz_next = tiles_at(w_ptr, s_ptr, z_ptr, rows, rm, k0 + BLOCK_K,
                                                                       K, N, EPILOGUE, BLOCK_K, QUANT, G)
         acc, acc_up, sq = one_token_sums(x_ptr, nw_ptr, k0, K, w, ws, wz, u, us, uz, acc, acc_up, sq, NORM, EPILOGUE,
-                                         BLOCK_K, QUANT, G)
+                                         BLOCK_K, QUANT, G, A8)
         w, ws, wz = w_next, ws_next, wz_next
         u, us, uz = u_next, us_next, uz_next
     store_row(out_ptr, x_ptr, 1, N, K, 0, rows, rm, acc, acc_up, sq, rw, ru, eps, NORM, EPILOGUE)
@@ -607,7 +684,7 @@ def gemv(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
 @triton.jit
 def gemv_stream(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
                 NORM: tl.constexpr, EPILOGUE: tl.constexpr, BN: tl.constexpr, BLOCK_K: tl.constexpr,
-                PDL: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
+                PDL: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr, A8: tl.constexpr = False):
     """`gemv` in fewer programs than row blocks (kernels.STREAM): program p of P takes blocks p, p + P, p + 2P, ...
     as one run of tiles, each loaded a step ahead of its use, the next block's first tile too, so its loads do not
     stop between blocks. A row is summed tile by tile in `gemv`'s order, so both write the same bits."""
@@ -627,7 +704,7 @@ def gemv_stream(x_ptr, nw_ptr, eps, w_ptr, s_ptr, z_ptr, out_ptr, N, K,
                                                                       (ahead % tiles) * BLOCK_K, K, N, EPILOGUE,
                                                                       BLOCK_K, QUANT, G)
         acc, acc_up, sq = one_token_sums(x_ptr, nw_ptr, k0, K, w, ws, wz, u, us, uz, acc, acc_up, sq, NORM, EPILOGUE,
-                                         BLOCK_K, QUANT, G)
+                                         BLOCK_K, QUANT, G, A8)
         if k0 + BLOCK_K >= K:  # the block's last tile: its rows out, and on to the next block
             store_row(out_ptr, x_ptr, 1, N, K, 0, rows, rm, acc, acc_up, sq, rw, ru, eps, NORM, EPILOGUE)
             acc, acc_up, sq = accumulators(BN, BLOCK_K, QUANT, G)
