@@ -218,9 +218,12 @@ class GraphModel:
         self.length = 0
         # int8 / int4 weights on a CPU: the eager backend's packed layers (PyTorch's CPU kernels, `quantize_model`,
         # whose cache they come from), q/k/v and gate/up each joined into one; `quantized` says what was done.
-        # (A model whose layers are packed already, by an eager backend's load, is taken as it is.)
-        self.cpu_packed = cpu and (quant != "none" or any(isinstance(m, QuantLinear) for m in model.modules()))
-        if quant != "none" and cpu:
+        # (A model whose layers are packed already, by an eager backend's load, is taken as it is.) Unless the fused
+        # kernels are asked for by name (`fused_step=True`: on a CPU only in Triton's interpreter, the tests' way to
+        # run them there), which read the weights packed their own way.
+        self.cpu_packed = cpu and not fused_step and (quant != "none" or any(isinstance(m, QuantLinear)
+                                                                              for m in model.modules()))
+        if quant != "none" and self.cpu_packed:
             self.quantized = quantize_model(model, quant, name)
         if cpu:  # as the eager backend does: transformers' generate on this model runs the same attention, and the
             use_grouped_attention(model)  # products read weights at a cache line's start faster
@@ -299,7 +302,7 @@ class GraphModel:
                 self.step_weights = [(pack(w_qkv), pack(o.weight), pack(w_gu), pack(d.weight))
                                      for _, (w_qkv, _), o, _, (w_gu, _), _, d in self.layers]
                 self.head_weight = pack(model.lm_head.weight)
-            if quant != "none" and not cpu:  # (on a CPU `quantize_model` said what it did, above)
+            if quant != "none" and not self.cpu_packed:  # (else `quantize_model` said what it did, above)
                 self.quantized = {"scheme": quant, "seconds": time.perf_counter() - start,
                                   "cache": "packed on the GPU for the fused kernels"}
         # Prompts go through the fused kernels in chunks of this many tokens (0: through the layer stack).

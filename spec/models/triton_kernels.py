@@ -744,6 +744,13 @@ def few_zeros(BN: tl.constexpr, BLOCK_K: tl.constexpr, QUANT: tl.constexpr, G: t
 
 
 @triton.jit
+def token_live(m, M):
+    """Whether token m (a constant) is one of the M, as a [1] mask. (m < M itself: Triton 3.9's interpreter keeps
+    its data int32 under an int1 type, and a load refuses that mask.)"""
+    return tl.full((1,), m, tl.int32) < M
+
+
+@triton.jit
 def few_token(x_ptr, nw_ptr, k0, K, M, m, w, ws, wz, u, us, uz, acc, acc_up, sq, EPILOGUE: tl.constexpr,
               XD: tl.constexpr, NORM: tl.constexpr, BLOCK_K: tl.constexpr, QUANT: tl.constexpr, G: tl.constexpr):
     """Token m's share of a tile (nothing past the M tokens: their inputs load as zeros)."""
@@ -755,7 +762,7 @@ def few_token(x_ptr, nw_ptr, k0, K, M, m, w, ws, wz, u, us, uz, acc, acc_up, sq,
             acc_up += int4_word_sums(u, us, uz, l0, l1, l2, l3, h0, h1, h2, h3, total, offset, G)
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
-        ok = (ks < K) & (m < M)
+        ok = (ks < K) & token_live(m, M)
         x = tl.load(x_ptr + token_at(ks, m, M, K, XD), mask=ok, other=0.0).to(tl.float32)
         if NORM:
             sq += x * x
@@ -773,7 +780,7 @@ def int4_quad(x_ptr, nw_ptr, k0, K, HIGH: tl.constexpr, NORM: tl.constexpr, BLOC
     neighbouring inputs a word, read together: as read and times RMSNorm's weight with NORM."""
     wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     at = ((wi // (G // 8)) * G + (wi % (G // 8)) * 4 + HIGH * (G // 2))[:, None] + tl.arange(0, 4)[None, :]
-    ok = ((wi < K // 8) & (m < M))[:, None]
+    ok = ((wi < K // 8) & token_live(m, M))[:, None]
     x = tl.load(x_ptr + token_at(at, m, M, K, XD), mask=ok, other=0.0).to(tl.float32)
     xn = x
     if NORM:
@@ -826,7 +833,7 @@ def store_row(out_ptr, x_ptr, M, N, K, m, rows, rm, acc, acc_up, sq, rw, ru, eps
         r = tl.rsqrt(tl.sum(sq, 0) / K + eps)
         y = y * r
         up = up * r
-    store_epilogue(out_ptr + m * N + rows, rm & (m < M), y, up, x_ptr, EPILOGUE)
+    store_epilogue(out_ptr + m * N + rows, rm & token_live(m, M), y, up, x_ptr, EPILOGUE)
 
 
 @triton.jit
