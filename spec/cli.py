@@ -121,6 +121,7 @@ def load_from_args(args: argparse.Namespace, with_draft: bool = True, report_pro
             backend=args.backend, draft_quant=getattr(args, "draft_quant", "none"), target_quant=target_quant,
             report_prompts=[p["prompt"] for p in report_prompts] if report_prompts else None,
             report_tokens=report_tokens or REPORT_TOKENS, reference=reference,
+            context=getattr(args, "max_model_len", None),  # the server's --max-model-len sizes the caches
         )
     except ModelError as err:
         sys.exit(f"error: {err}")

@@ -257,6 +257,23 @@ def test_a_cpu_cache_grows_with_the_text(private_cache, monkeypatch):
     assert static.length > 256 and static.k_all.shape[2] == 512
 
 
+def test_the_servers_max_model_len_sizes_both_caches(private_cache):
+    """`--max-model-len` reaches the graph backend's caches through the server's own flags (`load_from_args` ->
+    `load_pair(context=)`): both models hold that many positions, not the model's context (on CUDA, where the cache
+    is allocated whole, not DEFAULT_MAX_LENGTH); without it they hold the model's context, as before. Past the
+    model's own context it is cut there. The server prepares graphs for at most DEFAULT_MAX_LENGTH positions."""
+    from spec.cli import load_from_args
+    from spec.serving import cli
+
+    flags = ["--pair", "tiny", "--device", "cpu", "--backend", "graph", "--draft-quant", "none"]
+    sized = load_from_args(cli.parse_args([*flags, "--max-model-len", "300"]))
+    assert sized.target.max_length == sized.draft.max_length == 300
+    whole = load_from_args(cli.parse_args(flags))
+    assert whole.target.max_length == whole.target.model.config.max_position_embeddings
+    past = load_from_args(cli.parse_args([*flags, "--max-model-len", "100000"]))
+    assert past.target.max_length == past.target.model.config.max_position_embeddings
+
+
 def test_a_model_packed_by_the_eager_backend_is_taken_as_it_is(private_cache):
     """`GraphModel` over a model whose layers are packed already (an eager load's) runs them, unasked."""
     model = build_tiny("target", torch.device("cpu"), torch.float32)

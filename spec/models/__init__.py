@@ -13,7 +13,7 @@
 
 from spec.models.base import DTYPES, Model, ModelError, cache_root, dtype_name, pick_device, pick_dtype, sync_time
 from spec.models.eager import EagerModel, rollback_cache
-from spec.models.graph import GraphModel
+from spec.models.graph import DEFAULT_MAX_LENGTH, GraphModel
 from spec.models.pairs import (
     BACKENDS,
     PAIR_CHOICES,
@@ -28,8 +28,8 @@ from spec.models.pairs import (
 from spec.models.tokens import TokenizerMismatch, byte_tokenizer, chat_ids, eos_ids, shared_vocab
 
 __all__ = [
-    "BACKENDS", "DTYPES", "PAIRS", "PAIR_CHOICES", "EagerModel", "GraphModel", "Model", "ModelError", "Pair",
-    "PairSpec", "TokenizerMismatch", "byte_tokenizer", "cache_root", "chat_ids", "dtype_name", "eos_ids",
-    "load_model", "load_pair", "make_model", "pick_device", "pick_dtype", "resolve_pair", "rollback_cache",
+    "BACKENDS", "DEFAULT_MAX_LENGTH", "DTYPES", "PAIRS", "PAIR_CHOICES", "EagerModel", "GraphModel", "Model",
+    "ModelError", "Pair", "PairSpec", "TokenizerMismatch", "byte_tokenizer", "cache_root", "chat_ids", "dtype_name",
+    "eos_ids", "load_model", "load_pair", "make_model", "pick_device", "pick_dtype", "resolve_pair", "rollback_cache",
     "shared_vocab", "sync_time",
 ]

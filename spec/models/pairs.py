@@ -214,6 +214,7 @@ def load_pair(
     report_prompts: list | None = None,
     report_tokens: int = 32,
     reference: Reference | None = None,
+    context: int | None = None,
 ) -> Pair:
     """Load a target and (optionally) a draft, check their tokenizers, and wrap both for the loop.
 
@@ -226,7 +227,10 @@ def load_pair(
     every exactness claim is against it. Before quantizing, the unquantized target writes greedy continuations of
     `report_prompts` (messages or strings, as `chat_ids` takes them; `report_tokens` each), or `reference` is
     given (a `Reference` measured earlier on this same target), and `Pair.target_report` says how far the
-    quantized one is from it (greedy agreement, KL; spec/models/quant_report.py). Without either, no report."""
+    quantized one is from it (greedy agreement, KL; spec/models/quant_report.py). Without either, no report.
+    context: the longest text (prompt and generated tokens) the models must hold, where the backend sizes a cache
+    for it: the graph backend's static cache (on CUDA allocated whole, DEFAULT_MAX_LENGTH positions when not given;
+    on a CPU grown up to it, else up to the model's context). Never past the model's own context."""
     name, why = resolve_pair(pair)
     preset = PAIRS[name]
     given = [flag for flag, ref in (("--target", target), ("--draft", draft if with_draft else None)) if ref]
@@ -258,7 +262,7 @@ def load_pair(
         draft_vocab = vocab if same_family else min(len(d.tokenizer), d_rows)
         before = read_bytes(parameter_bytes(d.model), embedding_bytes(d.model), packed_head=False)
         draft_model = make_model(d.model, draft_vocab, backend, name="draft", quant=draft_quant,
-                                 what="--draft-quant")
+                                 what="--draft-quant", max_length=context)
         if draft_model.quantized:
             log.info(describe_quantized("draft ", draft_model, before) + " (changes no answer)")
             seconds["draft_quant"] = draft_model.quantized["seconds"]
@@ -266,9 +270,9 @@ def load_pair(
     report = None
     if target_quant != "none":
         target_model, report = quantize_target(t.model, t.tokenizer, vocab, target_quant, report_prompts,
-                                               report_tokens, reference, seconds, backend)
+                                               report_tokens, reference, seconds, backend, context)
     else:
-        target_model = make_model(t.model, vocab, backend, name="target")
+        target_model = make_model(t.model, vocab, backend, name="target", max_length=context)
     return Pair(
         name=name, target=target_model, draft=draft_model,
         tokenizer=t.tokenizer, eos=eos_ids(t.model, t.tokenizer), device=dev, dtype=dt, load_seconds=seconds,
@@ -279,7 +283,8 @@ def load_pair(
 
 
 def quantize_target(model, tokenizer, vocab: int, scheme: str, prompts: list | None, tokens: int,
-                    reference: Reference | None, seconds: dict, backend: str = "eager") -> tuple[Model, dict | None]:
+                    reference: Reference | None, seconds: dict, backend: str = "eager", context: int | None = None
+                    ) -> tuple[Model, dict | None]:
     """The target with `scheme` weights on `backend`, measured against itself unquantized first (when prompts or a
     reference are given): (the wrapped target, the report). Logged loudly: unlike the draft's, this format changes
     the answers."""
@@ -289,7 +294,8 @@ def quantize_target(model, tokenizer, vocab: int, scheme: str, prompts: list | N
         log.info(f"target {dtype} reference for --target-quant {scheme}: {len(prompts)} prompts x {tokens} tokens")
         reference = reference_run(plain, [chat_ids(tokenizer, p) for p in prompts], tokens, eos_ids(model, tokenizer))
     before = read_bytes(parameter_bytes(model), embedding_bytes(model), packed_head=False)
-    target = make_model(model, vocab, backend, name="target", quant=scheme, what="--target-quant")
+    target = make_model(model, vocab, backend, name="target", quant=scheme, what="--target-quant",
+                        max_length=context)
     done = target.quantized
     seconds["target_quant"] = done["seconds"]
     log.info(describe_quantized("target", target, before) + f". THIS CHANGES THE MODEL: answers are the {scheme} "

@@ -10,12 +10,13 @@ import uvicorn
 
 from spec import log
 from spec.cli import add_model_args, add_tree_arg, load_from_args, resolve_tree
-from spec.models import resolve_pair
+from spec.models import DEFAULT_MAX_LENGTH, resolve_pair
 from spec.policy import parse_k
 from spec.serving.app import create_app
 from spec.serving.engine import Engine
 
 PREPARE_CONTEXT = 2048  # texts this long are ready at start; longer ones capture their graphs on first use
+# (a --max-model-len is prepared for up to DEFAULT_MAX_LENGTH: every 256 positions more cost a set of captures)
 
 
 class Server(uvicorn.Server):
@@ -58,8 +59,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--queue", type=int, default=16, help="requests that may wait for the worker; more get 429")
     g.add_argument("--request-timeout", type=float, default=600.0,
                    help="seconds a request may take, waiting included, before it fails with 504")
-    g.add_argument("--max-model-len", type=int, help="tokens a request may use, prompt + max_tokens "
-                   "(default: the model's context)")
+    g.add_argument("--max-model-len", type=int, help="tokens a request may use, prompt + max_tokens, and what the "
+                   "graph backend's KV cache holds (default: the model's context; on CUDA the graph backend's static "
+                   f"cache, allocated whole, holds {DEFAULT_MAX_LENGTH:,} positions unless this says more)")
     g.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (413 above)")
     g.add_argument("--drain-seconds", type=float, default=30.0,
                    help="on SIGTERM, how long the running request may continue before it is aborted")
@@ -91,7 +93,7 @@ def main(argv=None) -> int:
 
     def load():
         pair = load_from_args(args, with_draft=args.method == "draft")
-        engine.prepare(pair, args.max_model_len or PREPARE_CONTEXT)
+        engine.prepare(pair, min(args.max_model_len or PREPARE_CONTEXT, DEFAULT_MAX_LENGTH))
         log.info(f"ready: serving {model_name!r} on http://{args.host}:{args.port} "
                  f"(method {args.method}, K {args.k if isinstance(args.k, int) else 'auto'}"
                  + (f"; {pair.target_quant} TARGET weights, a changed model" if pair.target_quant != "none" else "")
