@@ -342,10 +342,9 @@ def int4_input(x_ptr, nw_ptr, k0, K, J: tl.constexpr, NORM: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
-    """One token's inputs for a tile of int4 words: each code's input (`int4_input`; the high nibbles' divided by
-    16), per group of the tile sum(x) and 264 sum(x_low) + 24 sum(x_high) (what the floats' 256 and 16, and the
-    codes' offset 8, add to a group's sum), and the running sum of squares ([BLOCK_K / 8])."""
+def word_inputs(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
+    """One token's inputs of the eight codes of each word of a tile (`int4_input`: bytes 0-3's low nibbles, then
+    their high ones; [BLOCK_K / 8] each, times RMSNorm's weight with NORM), and the running sum of squares."""
     r0, l0 = int4_input(x_ptr, nw_ptr, k0, K, 0, NORM, BLOCK_K, G)
     r1, l1 = int4_input(x_ptr, nw_ptr, k0, K, 1, NORM, BLOCK_K, G)
     r2, l2 = int4_input(x_ptr, nw_ptr, k0, K, 2, NORM, BLOCK_K, G)
@@ -356,6 +355,15 @@ def int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.conste
     r7, h3 = int4_input(x_ptr, nw_ptr, k0, K, 7, NORM, BLOCK_K, G)
     if NORM:
         sq += r0 * r0 + r1 * r1 + r2 * r2 + r3 * r3 + r4 * r4 + r5 * r5 + r6 * r6 + r7 * r7
+    return l0, l1, l2, l3, h0, h1, h2, h3, sq
+
+
+@triton.jit
+def int4_inputs(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.constexpr, G: tl.constexpr):
+    """One token's inputs for a tile of int4 words: each code's input (`int4_input`; the high nibbles' divided by
+    16), per group of the tile sum(x) and 264 sum(x_low) + 24 sum(x_high) (what the floats' 256 and 16, and the
+    codes' offset 8, add to a group's sum), and the running sum of squares ([BLOCK_K / 8])."""
+    l0, l1, l2, l3, h0, h1, h2, h3, sq = word_inputs(x_ptr, nw_ptr, k0, K, sq, NORM, BLOCK_K, G)
     low = l0 + l1 + l2 + l3
     high = h0 + h1 + h2 + h3
     groups: tl.constexpr = BLOCK_K // G
@@ -421,16 +429,7 @@ def int4_inputs_a8(x_ptr, nw_ptr, k0, K, sq, NORM: tl.constexpr, BLOCK_K: tl.con
     """One token's inputs for a tile of int4 words, rounded to 8 bits a group: the inputs of each word's low and
     high nibbles as four signed bytes (int32 [BLOCK_K / 8] each), per group [BLOCK_K / G] its step (largest
     magnitude / 127) and its inputs' exact sum, and the running sum of squares."""
-    r0, l0 = int4_input(x_ptr, nw_ptr, k0, K, 0, NORM, BLOCK_K, G)
-    r1, l1 = int4_input(x_ptr, nw_ptr, k0, K, 1, NORM, BLOCK_K, G)
-    r2, l2 = int4_input(x_ptr, nw_ptr, k0, K, 2, NORM, BLOCK_K, G)
-    r3, l3 = int4_input(x_ptr, nw_ptr, k0, K, 3, NORM, BLOCK_K, G)
-    r4, h0 = int4_input(x_ptr, nw_ptr, k0, K, 4, NORM, BLOCK_K, G)
-    r5, h1 = int4_input(x_ptr, nw_ptr, k0, K, 5, NORM, BLOCK_K, G)
-    r6, h2 = int4_input(x_ptr, nw_ptr, k0, K, 6, NORM, BLOCK_K, G)
-    r7, h3 = int4_input(x_ptr, nw_ptr, k0, K, 7, NORM, BLOCK_K, G)
-    if NORM:
-        sq += r0 * r0 + r1 * r1 + r2 * r2 + r3 * r3 + r4 * r4 + r5 * r5 + r6 * r6 + r7 * r7
+    l0, l1, l2, l3, h0, h1, h2, h3, sq = word_inputs(x_ptr, nw_ptr, k0, K, sq, NORM, BLOCK_K, G)
     groups: tl.constexpr = BLOCK_K // G
     big = tl.maximum(tl.maximum(tl.maximum(tl.abs(l0), tl.abs(l1)), tl.maximum(tl.abs(l2), tl.abs(l3))),
                      tl.maximum(tl.maximum(tl.abs(h0), tl.abs(h1)), tl.maximum(tl.abs(h2), tl.abs(h3))))
