@@ -703,7 +703,8 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
     dim = k_cache.shape[-1]
     tokens, k = (1, h.shape[0]) if h.dim() == 1 else h.shape
     operands, quant = weight_operands(w_qkv)
-    config = config or gemv_config("qkv", dim // 2, k, h.device, tokens, _tiles_format(w_qkv, a8, tokens))
+    a8 = a8_inputs(a8, quant, tokens)
+    config = config or gemv_config("qkv", dim // 2, k, h.device, tokens, W4A8 if a8 else _scheme(w_qkv))
     bias = operands[0] if b_qkv is None else b_qkv
     if tokens == 1:
         if dim // 2 % config[0]:
@@ -711,7 +712,7 @@ def qkv_rope(h, norm_weight, eps: float, w_qkv, b_qkv, cos, sin, pos, q_out, k_c
         _launch(_triton().qkv_rope, (heads + 2 * kv_heads, dim // 2 // config[0]), config, pdl, h, norm_weight, eps,
                 *operands, bias, cos, sin, pos, q_out, k_cache, v_cache, k, k_cache.stride(0), HEADS=heads,
                 KV=kv_heads, D=dim, HAS_BIAS=b_qkv is not None, BH=config[0],
-                BLOCK_K=config[1], **quant, A8=a8_inputs(a8, quant))
+                BLOCK_K=config[1], **quant, A8=a8)
         return
     # 2-64 tokens: the product (its rows spread over every multiprocessor) into fp32, then one program a head for
     # the bias, rounding and rotary embedding. (A product of 6144 rows in programs that own whole heads' rotary
@@ -771,14 +772,15 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
                             norm_next[:2] if fuse else None)
     kind = {ADD: "add", SILU_MUL: "silu_mul", LOGITS: "logits", RAW: "raw"}[epilogue]
     operands, quant = weight_operands(weight)
-    config = config or gemv_config(kind, n, k, x.device, tokens, _tiles_format(weight, a8, tokens))
+    a8 = a8_inputs(a8, quant, tokens)
+    config = config or gemv_config(kind, n, k, x.device, tokens, W4A8 if a8 else _scheme(weight))
     args = (x, x if norm_weight is None else norm_weight, eps, *operands, out)
     constexprs = dict(NORM=norm_weight is not None, EPILOGUE=epilogue, BN=config[0], BLOCK_K=config[1], **quant)
     grid = (-(-n // config[0]),)
     if tokens == 1:
         programs = stream_programs(grid[0], x.device)
         kernel = _triton().gemv_stream if STREAM > 0 else _triton().gemv
-        _launch(kernel, (programs,), config, pdl, *args, n, k, **constexprs, A8=a8_inputs(a8, quant))
+        _launch(kernel, (programs,), config, pdl, *args, n, k, **constexprs, A8=a8)
     elif few_tokens(tokens, _scheme(weight)):
         _launch(_triton().gemv_few, grid, config, pdl, *args, tokens, n, k, **constexprs, XD=head_major,
                 MT=_pow2(tokens))
@@ -789,14 +791,10 @@ def gemv(x, weight, out, epilogue: int, norm_weight=None, eps: float = 0.0,
                 XD=head_major)
 
 
-def a8_inputs(a8: bool, quant: dict) -> bool:
-    """Whether a one-token product takes its inputs rounded to 8 bits (A8): asked for, over int4 codes."""
-    return a8 and quant["QUANT"] == 2
-
-
-def _tiles_format(weight, a8: bool, tokens: int) -> str:
-    """The format whose tiles a product takes (`gemv_config`): its weights', or w4a8 for a one-token A8 product."""
-    return W4A8 if tokens == 1 and a8_inputs(a8, weight_operands(weight)[1]) else _scheme(weight)
+def a8_inputs(a8: bool, quant: dict, tokens: int) -> bool:
+    """Whether a product takes its inputs rounded to 8 bits (A8, and w4a8's tiles): asked for, one token, over int4
+    codes."""
+    return a8 and tokens == 1 and quant["QUANT"] == 2
 
 
 # One-token products in fewer programs than row blocks: with STREAM > 0, `triton_kernels.gemv_stream` in STREAM
