@@ -730,6 +730,42 @@ def test_draft_quant_agreement_is_teacher_forced_on_the_text():
     assert len(draft) == 24 and 0 < sum(draft) < 24
 
 
+@pytest.mark.parametrize("backend", ["graph", "eager"])
+def test_the_w4a8_emulation_rounds_every_product_a_draft_calls(backend):
+    """benchmarks/cpu/draft_quant.py's `int4+a8`: every packed layer a forward of the draft calls gets its input
+    rounded to 8 bits, the graph backend's joined gate/up (its own layers, not the transformers model's) included;
+    a layer left out would make the emulated acceptance cost too small. And the rounding is w4a8's."""
+    import importlib.util
+    from pathlib import Path
+
+    from spec.models import load_pair as load
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu" / "draft_quant.py"
+    spec_ = importlib.util.spec_from_file_location("draft_quant_script", path)
+    script = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(script)
+    pair = load("tiny", device="cpu", backend=backend, draft_quant="int4")
+    assert script.round_inputs_to_8_bits(pair.draft) > 0
+    seen = {}  # layer -> the input it computed on (after the hooks)
+
+    def record(module, args, out):  # (returns None: the output stays as it is)
+        if isinstance(module, qz.QuantLinear):
+            seen.setdefault(module, args[0].detach().clone())
+
+    handle = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        pair.draft.forward(list(range(5, 12)))
+    finally:
+        handle.remove()
+    assert seen
+    for layer, x in seen.items():
+        # on w4a8's grid already: rounding again moves an input by a few ulps of its group's largest (the step
+        # recomputed from the rounded largest), where an input off the grid moves by up to half a step, top / 254
+        xq, step = qz.inputs_in_8_bits(x)
+        moved = ((xq * step).reshape(x.shape) - x.float()).abs().reshape(step.shape[:-1] + (-1,))
+        assert (moved <= 4 * torch.finfo(x.dtype).eps * 127 * step).all(), layer
+
+
 def test_the_llama_cpp_ratio_compares_decoding_alone():
     """benchmarks/cpu/target_quant.py: llama-bench's text generation times token steps only, so our side of the ratio
     leaves the prompt's forward out (tokens over the rounds' time), while `speedup` stays end to end."""

@@ -27,6 +27,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from spec.cli import add_model_args, load_from_args  # noqa: E402
@@ -38,15 +40,18 @@ from spec.models.quant import QUANTS, QuantLinear, inputs_in_8_bits  # noqa: E40
 EMULATED_A8 = "int4+a8"  # the int4 draft, its products' inputs rounded to 8 bits first (w4a8's rounding)
 
 
-def round_inputs_to_8_bits(model) -> int:
-    """Every packed layer of `model` takes its input rounded to 8 bits a group (w4a8's rounding), by a forward
-    pre-hook; returns the layers hooked."""
+def round_inputs_to_8_bits(wrapper) -> int:
+    """Every packed layer a wrapped draft calls takes its input rounded to 8 bits a group (w4a8's rounding), by a
+    forward pre-hook; returns the layers hooked. The graph backend's joined q/k/v and gate/up layers are its own
+    (`GraphModel.layers`), not the transformers model's modules, so they are looked for there too."""
     def hook(module, args):
         xq, step = inputs_in_8_bits(args[0])
         return ((xq * step).reshape(args[0].shape).to(args[0].dtype),)
 
-    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
-    for layer in layers:
+    holders = [wrapper.model, *(part for layer in getattr(wrapper, "layers", ()) for part in layer)]
+    modules = [m for h in holders for m in (h if isinstance(h, tuple) else (h,)) if isinstance(m, torch.nn.Module)]
+    layers = {id(m): m for h in modules for m in h.modules() if isinstance(m, QuantLinear)}
+    for layer in layers.values():
         layer.register_forward_pre_hook(hook)
     return len(layers)
 
@@ -129,7 +134,7 @@ def main(argv=None) -> dict:
     for quant in quants:
         args.draft_quant = "int4" if quant == EMULATED_A8 else quant
         pair = load_from_args(args)
-        if quant == EMULATED_A8 and not round_inputs_to_8_bits(pair.draft.model):
+        if quant == EMULATED_A8 and not round_inputs_to_8_bits(pair.draft):
             raise SystemExit(f"{EMULATED_A8}: the draft has no packed layers to hook")
         context = chat_ids(pair.tokenizer, next(iter(sets.values()))[0]["prompt"])
         # untimed: the graph backend captures its graphs for every text length these prompts reach, and times
