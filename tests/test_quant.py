@@ -734,7 +734,7 @@ def test_draft_quant_agreement_is_teacher_forced_on_the_text():
 def test_the_w4a8_emulation_rounds_every_product_a_draft_calls(backend):
     """benchmarks/cpu/draft_quant.py's `int4+a8`: every packed layer a forward of the draft calls gets its input
     rounded to 8 bits, the graph backend's joined gate/up (its own layers, not the transformers model's) included;
-    a layer left out would make the emulated acceptance cost too small. And the rounding is w4a8's."""
+    a layer left out would measure another rounding than w4a8's. And the rounding is w4a8's."""
     import importlib.util
     from pathlib import Path
 
